@@ -1,0 +1,19 @@
+"""Registry of unlearning methods: one module per method, each exposing `METHOD` (see `base.py`)."""
+
+from __future__ import annotations
+
+import importlib
+
+from blade_core.methods.base import Method, MethodConfig
+
+METHOD_NAMES: tuple[str, ...] = ("blade", "grad_ascent", "grad_diff", "npo", "simnpo", "rmu", "pdu", "blur_npo")
+
+
+def get_method(name: str) -> Method:
+    """The method registered under `name`; ValueError listing the known names otherwise."""
+    if name not in METHOD_NAMES:
+        raise ValueError(f"unknown method {name!r}; choose one of {', '.join(METHOD_NAMES)}")
+    return importlib.import_module(f"blade_core.methods.{name}").METHOD
+
+
+__all__ = ["METHOD_NAMES", "Method", "MethodConfig", "get_method"]

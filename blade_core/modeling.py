@@ -1,0 +1,103 @@
+"""Loading base models and tokenizers, and building the small Llama-architecture models we train ourselves.
+
+Real loading code for hub ids and local directories (`trust_remote_code` off, safetensors only); nothing can be
+downloaded here, so tests and the demo use models that `new_llama` builds and `train_tokenizer` tokenises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
+
+
+@dataclass(frozen=True)
+class LlamaSize:
+    """Width and depth of a from-scratch Llama; presets below."""
+
+    hidden: int
+    layers: int
+    heads: int
+    intermediate: int
+    max_positions: int = 512
+
+
+SIZES: dict[str, LlamaSize] = {
+    "test": LlamaSize(hidden=32, layers=2, heads=2, intermediate=64, max_positions=256),
+    "quick": LlamaSize(hidden=96, layers=3, heads=4, intermediate=256, max_positions=256),
+    "default": LlamaSize(hidden=192, layers=4, heads=6, intermediate=512, max_positions=512),
+}
+
+
+def pick_device(device: str | torch.device | None = None) -> torch.device:
+    """The requested device, else CUDA when present, else the CPU."""
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on `texts`, with <s>, </s>, <pad>, <unk>."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=SPECIAL_TOKENS["unk_token"]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS.values()),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL_TOKENS)
+
+
+def new_llama(tokenizer: PreTrainedTokenizerFast, size: str | LlamaSize = "test", seed: int = 0) -> LlamaForCausalLM:
+    """A randomly initialised LlamaForCausalLM sized for `tokenizer` (fp32, deterministic in `seed`)."""
+    spec = SIZES[size] if isinstance(size, str) else size
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.heads,
+        intermediate_size=spec.intermediate,
+        max_position_embeddings=spec.max_positions,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
+
+
+def load_tokenizer(ref: str | Path) -> PreTrainedTokenizerFast:
+    """Tokenizer of a local model dir or hub id, with a pad token guaranteed (eos when the model has none)."""
+    tokenizer = AutoTokenizer.from_pretrained(str(ref), trust_remote_code=False)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(ref: str | Path, device: torch.device | None = None, dtype: torch.dtype | None = None):
+    """Causal LM from a local dir or hub id: safetensors only, no remote code; bf16 on CUDA, fp32 on CPU."""
+    device = device or pick_device()
+    if dtype is None:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    path = Path(str(ref))
+    if path.exists() and not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: not a model directory (no config.json)")
+    model = AutoModelForCausalLM.from_pretrained(str(ref), dtype=dtype, trust_remote_code=False, use_safetensors=True)
+    return model.to(device)
+
+
+def load_model_and_tokenizer(ref: str | Path, device: torch.device | None = None, dtype: torch.dtype | None = None):
+    """(model, tokenizer) for a local dir or hub id."""
+    return load_model(ref, device, dtype), load_tokenizer(ref)

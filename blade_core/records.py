@@ -1,0 +1,134 @@
+"""Reading dataset files into rows, with errors that name the file, line and field.
+
+Pure Python (no torch): the API validates uploads with it. Accepted layouts (CONTRACT.md "Files"):
+a JSON array of objects, JSON Lines (one object per line), or lines that each hold a JSON array of rows;
+for text datasets also a plain `.txt` file (one document per blank-line-separated paragraph).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+QA_FIELDS: tuple[str, ...] = ("question", "answer")
+PERTURBED_FIELDS: tuple[str, ...] = ("question", "answer", "paraphrased_answer", "paraphrased_question",
+                                     "perturbed_answer")
+TEXT_FIELDS: tuple[str, ...] = ("text",)
+
+DatasetKind = Literal["qa", "text"]
+
+
+class DatasetError(ValueError):
+    """A dataset file that cannot be used; the message names file, line and field."""
+
+    def __init__(self, path: str | Path, message: str, line: int | None = None, field: str | None = None):
+        where = str(path) + (f", line {line}" if line is not None else "")
+        what = f" field '{field}':" if field else ""
+        super().__init__(f"{where}:{what} {message}")
+        self.path, self.line, self.field = str(path), line, field
+
+
+@dataclass(frozen=True)
+class Row:
+    """One record and the 1-based line it started on (for error messages)."""
+
+    data: dict[str, Any]
+    line: int
+
+
+def _decode(path: Path, raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise DatasetError(path, f"not valid UTF-8 (byte offset {exc.start})", line=line) from None
+
+
+def read_records(path: str | Path, *, raw: bytes | None = None) -> tuple[list[Row], str]:
+    """Rows of a JSON / JSON Lines / text file and the layout found: 'json', 'jsonl', 'json-lines-of-arrays', 'txt'."""
+    path = Path(path)
+    if raw is None:
+        if not path.is_file():
+            raise DatasetError(path, "no such file")
+        raw = path.read_bytes()
+    text = _decode(path, raw)
+    if not text.strip():
+        raise DatasetError(path, "the file is empty")
+    if path.suffix == ".txt":
+        rows, line = [], 1
+        for block in text.split("\n\n"):
+            if block.strip():
+                rows.append(Row({"text": block.strip()}, line))
+            line += block.count("\n") + 2
+        return rows, "txt"
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        try:
+            whole = json.loads(text)
+        except json.JSONDecodeError:
+            whole = None  # maybe one array per line
+        if isinstance(whole, list):
+            return [Row(_as_object(path, item, 1), 1) for item in whole], "json"
+    rows = []
+    layout = "jsonl"
+    for number, line_text in enumerate(text.splitlines(), start=1):
+        if not line_text.strip():
+            continue
+        try:
+            item = json.loads(line_text)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(path, f"invalid JSON ({exc.msg}, column {exc.colno})", line=number) from None
+        if isinstance(item, list):
+            layout = "json-lines-of-arrays"
+            rows.extend(Row(_as_object(path, sub, number), number) for sub in item)
+        else:
+            rows.append(Row(_as_object(path, item, number), number))
+    if not rows:
+        raise DatasetError(path, "no rows found")
+    return rows, layout
+
+
+def _as_object(path: Path, item: Any, line: int) -> dict[str, Any]:
+    if not isinstance(item, dict):
+        raise DatasetError(path, f"expected a JSON object per row, got {type(item).__name__}", line=line)
+    return item
+
+
+def validate_rows(path: str | Path, rows: Sequence[Row], fields: Sequence[str]) -> None:
+    """Check every row has each field as a non-empty string (a non-empty list of strings for `perturbed_answer`)."""
+    if not rows:
+        raise DatasetError(path, "no rows found")
+    for row in rows:
+        for field in fields:
+            value = row.data.get(field)
+            if field == "perturbed_answer":
+                ok = isinstance(value, list) and value and all(isinstance(v, str) and v.strip() for v in value)
+                expected = "a non-empty list of strings"
+            else:
+                ok = isinstance(value, str) and bool(value.strip())
+                expected = "a non-empty string"
+            if not ok:
+                problem = "missing" if field not in row.data else f"must be {expected}, got {value!r:.60}"
+                raise DatasetError(path, problem, line=row.line, field=field)
+
+
+def detect_kind(rows: Sequence[Row]) -> DatasetKind:
+    """'qa' when rows carry question/answer, 'text' when they carry text."""
+    first = rows[0].data
+    if "question" in first or "answer" in first:
+        return "qa"
+    if "text" in first:
+        return "text"
+    return "qa"  # validation then names the missing field
+
+
+def load_dataset_rows(path: str | Path, *, fields: Sequence[str] | None = None,
+                      raw: bytes | None = None) -> tuple[list[dict[str, Any]], DatasetKind, str]:
+    """Read and validate a forget/retain dataset: (rows, kind, layout). QA rows need question+answer; text rows text."""
+    rows, layout = read_records(path, raw=raw)
+    kind = detect_kind(rows)
+    validate_rows(path, rows, fields or (QA_FIELDS if kind == "qa" else TEXT_FIELDS))
+    return [r.data for r in rows], kind, layout

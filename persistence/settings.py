@@ -1,0 +1,64 @@
+"""All service configuration, from environment variables (prefix `BLADE_`). No other module reads os.environ."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BLADE_", env_file=".env", extra="ignore")
+
+    # Where things live. The embedded default keeps everything under data_dir.
+    data_dir: Path = Path("./var")
+    database_url: str = ""  # default: sqlite under data_dir; production: postgresql+psycopg://...
+    broker_url: str = ""  # default: a server-less SQLite broker under data_dir; production: redis://...
+    result_backend: str = ""  # default: SQLite under data_dir; production: redis://...
+
+    # Artifact storage (datasets, adapters, checkpoints).
+    storage_backend: Literal["local", "s3"] = "local"
+    storage_root: Path | None = None  # local backend; default data_dir/artifacts
+    s3_bucket: str = "blade-artifacts"
+    s3_endpoint_url: str | None = None
+    s3_prefix: str = ""
+
+    # Security.
+    bootstrap_admin_key: str | None = None  # created as an admin key on first start
+    signing_key: str = Field(default="", repr=False)  # HMAC key for deletion certificates; default derived per data_dir
+    max_upload_bytes: int = 50 * 1024 * 1024
+
+    # Worker behaviour.
+    device: str | None = None  # e.g. "cuda:0"; None picks CUDA when present
+    task_soft_time_limit_s: int = 6 * 3600
+    task_time_limit_s: int = 6 * 3600 + 300
+    lease_seconds: int = 60  # a running request's lease; the heartbeat renews it
+    heartbeat_seconds: int = 10
+    checkpoint_every: int = 25
+    generate_timeout_s: float = 60.0
+    reconcile_interval_s: int = 60
+
+    # HTTP.
+    host: str = "127.0.0.1"
+    port: int = 8000
+    log_level: str = "INFO"
+
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.data_dir / 'blade.db').resolve()}"
+
+    def resolved_broker_url(self) -> str:
+        return self.broker_url or f"sqla+sqlite:///{(self.data_dir / 'broker.db').resolve()}"
+
+    def resolved_result_backend(self) -> str:
+        return self.result_backend or f"db+sqlite:///{(self.data_dir / 'results.db').resolve()}"
+
+    def resolved_storage_root(self) -> Path:
+        return (self.storage_root or self.data_dir / "artifacts").resolve()
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()
