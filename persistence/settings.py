@@ -40,10 +40,15 @@ class Settings(BaseSettings):
     checkpoint_every: int = 25
     generate_timeout_s: float = 60.0
     reconcile_interval_s: int = 60
+    requeue_after_s: int = 300  # the reconciler re-publishes a queued head request whose task is this old
+    max_attempts: int = 5  # deliveries of one request (worker crashes) before it fails as a crash loop
 
     # HTTP.
     host: str = "127.0.0.1"
     port: int = 8000
+    # The client verbs (`blade submit/status/rollback`): where the API is and the key to call it with.
+    api_url: str = ""  # default http://{host}:{port}
+    api_key: str | None = Field(default=None, repr=False)
     log_level: str = "INFO"
 
     def resolved_database_url(self) -> str:

@@ -1,0 +1,267 @@
+"""The dashboard's pages: server-rendered Jinja2, refreshed in place by a little JavaScript.
+
+    GET  /dashboard                      overview: requests by state, queues, workers, recent failures
+    GET  /dashboard/requests             requests (filter by state / base model)
+    GET  /dashboard/requests/{id}        status, live progress and dynamics charts, metrics, cancel
+    GET  /dashboard/requests/{id}/certificate   the printable deletion certificate
+    GET  /dashboard/models               base models
+    GET  /dashboard/models/{name}        the adapter stack as a timeline, disable / enable (admin keys)
+    GET  /dashboard/audit                the audit log, filterable, with the hash chain verified
+    GET/POST /dashboard/login · GET /dashboard/logout
+
+Each page takes `?fragment=1` and then returns only its live part (what the page's script swaps in).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Depends, Form, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+from sqlalchemy.orm import Session
+
+from api.dashboard import queries
+from api.dashboard.session import COOKIE, COOKIE_PATH, Viewer, cookie_key, viewer_for
+from persistence.settings import Settings, get_settings
+
+HERE = Path(__file__).resolve().parent
+templates = Jinja2Templates(directory=str(HERE / "templates"))
+router = APIRouter(prefix="/dashboard", include_in_schema=False)
+
+
+# --- template helpers ---------------------------------------------------------------------------------------
+
+
+def _ago(value: datetime | float | None) -> str:
+    if value is None:
+        return "—"
+    seconds = value if isinstance(value, int | float) else (
+        datetime.now(UTC) - (value if value.tzinfo else value.replace(tzinfo=UTC))).total_seconds()
+    seconds = max(0, seconds)
+    if seconds < 1:
+        return "just now"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit} ago"
+    return f"{seconds:.0f} s ago"
+
+
+def _dt(value: datetime | None) -> str:
+    if value is None:
+        return "—"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _num(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+            return f"{value:.{digits - 1}e}"
+        return f"{value:.{digits}g}" if abs(value) >= 1 else f"{value:.{digits}f}".rstrip("0").rstrip(".")
+    return str(value)
+
+
+def _duration(start: datetime | None, end: datetime | None) -> str:
+    if start is None:
+        return "—"
+    end = end or datetime.now(UTC)
+    seconds = max(0.0, (end - start).total_seconds())
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _bytes(value: int | None) -> str:
+    if value is None:
+        return "—"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(value)
+
+
+templates.env.filters.update(ago=_ago, dt=_dt, num=_num, bytes=_bytes, short=lambda s, n=12: (s or "")[:n])
+templates.env.globals.update(duration=_duration)
+
+
+# --- dependencies -------------------------------------------------------------------------------------------
+
+
+def _settings(request: Request) -> Settings:
+    return getattr(request.app.state, "settings", None) or get_settings()
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    from persistence.db import session_factory
+
+    with session_factory(_settings(request))() as session:
+        yield session
+        session.commit()
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+
+
+class SignInRequired(Exception):
+    def __init__(self, next_url: str):
+        self.next_url = next_url
+
+
+def current_viewer(request: Request, session: SessionDep) -> Viewer:
+    viewer = viewer_for(session, cookie_key(request))
+    if viewer is None:
+        raise SignInRequired(str(request.url.path) + (f"?{request.url.query}" if request.url.query else ""))
+    return viewer
+
+
+ViewerDep = Annotated[Viewer, Depends(current_viewer)]
+
+
+def sign_in_redirect(request: Request, exc: SignInRequired) -> Response:
+    if request.query_params.get("fragment"):
+        return Response(status_code=401)
+    return RedirectResponse(f"/dashboard/login?next={quote(exc.next_url)}", status_code=303)
+
+
+def render(request: Request, name: str, viewer: Viewer | None, **context: Any) -> HTMLResponse:
+    """A full page, or with ?fragment=1 only its live part (`_<name>` without the page chrome)."""
+    fragment = bool(request.query_params.get("fragment"))
+    template = f"_{name}" if fragment else name
+    return templates.TemplateResponse(request, template, {"viewer": viewer, **context},
+                                      headers={"Cache-Control": "no-store"})
+
+
+def not_found(request: Request, viewer: Viewer, what: str) -> HTMLResponse:
+    response = templates.TemplateResponse(request, "not_found.html", {"viewer": viewer, "what": what},
+                                          status_code=404)
+    return response
+
+
+# --- sign-in ------------------------------------------------------------------------------------------------
+
+
+def _safe_next(next_url: str | None) -> str:
+    return next_url if next_url and next_url.startswith("/dashboard") and "//" not in next_url else "/dashboard"
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_page(request: Request, next: str | None = None, error: str | None = None) -> HTMLResponse:
+    return templates.TemplateResponse(request, "login.html", {"viewer": None, "next": _safe_next(next),
+                                                              "error": error})
+
+
+@router.post("/login")
+def login(request: Request, session: SessionDep, api_key: Annotated[str, Form()] = "",
+          next: Annotated[str, Form()] = "/dashboard") -> Response:
+    viewer = viewer_for(session, api_key.strip())
+    if viewer is None:
+        return templates.TemplateResponse(request, "login.html", {
+            "viewer": None, "next": _safe_next(next), "error": "That key is not valid (unknown or revoked)."},
+            status_code=401)
+    response = RedirectResponse(_safe_next(next), status_code=303)
+    # Not HttpOnly: the pages' script reads it to call the JSON API with a Bearer header.
+    response.set_cookie(COOKIE, api_key.strip(), path=COOKIE_PATH, samesite="strict",
+                        secure=request.url.scheme == "https", max_age=12 * 3600)
+    return response
+
+
+@router.get("/logout")
+def logout() -> Response:
+    response = RedirectResponse("/dashboard/login", status_code=303)
+    response.delete_cookie(COOKIE, path=COOKIE_PATH)
+    return response
+
+
+# --- pages --------------------------------------------------------------------------------------------------
+
+
+@router.get("", response_class=HTMLResponse)
+def overview(request: Request, session: SessionDep, viewer: ViewerDep) -> HTMLResponse:
+    from api.observability import broker_queue_depths, worker_alive_after_s
+    from worker.names import ALL_QUEUES
+
+    settings = _settings(request)
+    data = queries.overview(session, tenant_id=viewer.tenant_id, alive_after_s=worker_alive_after_s(settings),
+                            broker_depths=broker_queue_depths(ALL_QUEUES, timeout=1.5))
+    return render(request, "overview.html", viewer, page="overview", data=data)
+
+
+@router.get("/requests", response_class=HTMLResponse)
+def requests_page(request: Request, session: SessionDep, viewer: ViewerDep, state: str | None = None,
+                  base_model: str | None = None) -> HTMLResponse:
+    state = state if state in queries.STATE_ORDER else None
+    rows = queries.list_requests(session, tenant_id=viewer.tenant_id, status=state, base_model=base_model or None)
+    models = [m["name"] for m in queries.visible_base_models(session, tenant_id=viewer.tenant_id)]
+    return render(request, "requests.html", viewer, page="requests", rows=rows, state=state,
+                  base_model=base_model or "", states=queries.STATE_ORDER, models=models)
+
+
+@router.get("/requests/{request_id}", response_class=HTMLResponse)
+def request_page(request: Request, request_id: str, session: SessionDep, viewer: ViewerDep) -> HTMLResponse:
+    detail = queries.request_detail(session, tenant_id=viewer.tenant_id, request_id=request_id)
+    if detail is None:
+        return not_found(request, viewer, f"request {request_id}")
+    initial = _nan_to_none({"id": detail["id"], "status": detail["status"], "step": detail["step"],
+                            "total_steps": detail["total_steps"], "terminal": detail["terminal"],
+                            "events": detail["events"]})
+    return render(request, "request.html", viewer, page="requests", r=detail, initial=initial)
+
+
+def _nan_to_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _nan_to_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nan_to_none(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+@router.get("/requests/{request_id}/certificate", response_class=HTMLResponse)
+def certificate_page(request: Request, request_id: str, session: SessionDep, viewer: ViewerDep) -> Response:
+    from api.routes_certificates import certificate_response
+
+    return certificate_response(request, session, request_id=request_id, tenant_id=viewer.tenant_id,
+                                settings=_settings(request), fmt=request.query_params.get("format", "html"))
+
+
+@router.get("/models", response_class=HTMLResponse)
+def models_page(request: Request, session: SessionDep, viewer: ViewerDep) -> HTMLResponse:
+    models = queries.visible_base_models(session, tenant_id=viewer.tenant_id)
+    return render(request, "models.html", viewer, page="models", models=models)
+
+
+@router.get("/models/{name}", response_class=HTMLResponse)
+def model_page(request: Request, name: str, session: SessionDep, viewer: ViewerDep) -> HTMLResponse:
+    detail = queries.model_detail(session, tenant_id=viewer.tenant_id, name=name)
+    if detail is None:
+        return not_found(request, viewer, f"base model {name}")
+    return render(request, "model.html", viewer, page="models", m=detail)
+
+
+@router.get("/audit", response_class=HTMLResponse)
+def audit_page(request: Request, session: SessionDep, viewer: ViewerDep, action: str | None = None,
+               subject: str | None = None, actor: str | None = None,
+               before: Annotated[int | None, Query()] = None) -> HTMLResponse:
+    data = queries.audit_page(session, tenant_id=viewer.tenant_id, action=action or None,
+                              subject=(subject or "").strip() or None, actor=(actor or "").strip() or None,
+                              before_id=before)
+    return render(request, "audit.html", viewer, page="audit", data=data,
+                  filters={"action": action or "", "subject": subject or "", "actor": actor or ""})

@@ -1,0 +1,430 @@
+"""The API's Prometheus metrics (`GET /metrics`) and its HTTP middleware (latency, trace ids, access log).
+
+Two kinds of metric live here:
+- process metrics kept in memory: HTTP requests and latency by method, route template and status;
+- the state of the service, read from the database at scrape time (cached for `SNAPSHOT_TTL_S`, so a busy
+  Prometheus or several of them cost one set of queries): requests by state and method, queue depth per
+  queue (the broker's count) and the oldest queued request, time in queue and training duration and steps of
+  finished requests (histograms over the request table), step / lambda / L_fgt / L_ret / epsilon and outer-step
+  rate of each running request (from its latest training events), workers alive and each one's heartbeat
+  age, GPU memory peak reported by workers, adapters by state.
+
+Workers export their own process metrics on their own port (`worker/observability.py`).
+Every name starts with `blade_`. No torch here.
+
+    install_observability(app, settings)   # in create_app: adds the middleware and GET /metrics
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from persistence.jsonlog import bind, new_trace_id
+from persistence.models import (
+    AdapterVersion,
+    BaseModel,
+    RequestStatus,
+    TrainingEvent,
+    UnlearnRequest,
+    WorkerHeartbeat,
+)
+from persistence.settings import Settings
+
+log = logging.getLogger("blade.api.http")
+
+SNAPSHOT_TTL_S = 5.0
+BROKER_TIMEOUT_S = 2.0
+RATE_WINDOW = 20  # training events used for a running request's outer-step rate
+TIME_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
+STEP_BUCKETS = (1, 5, 10, 25, 50, 100, 150, 200, 250, 400, 600, 1000)
+HTTP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+RUNNING = (RequestStatus.RUNNING, RequestStatus.EVALUATING, RequestStatus.CANCELLING)
+UNMATCHED_ROUTE = "<unmatched>"
+
+
+def worker_alive_after_s(settings: Settings) -> float:
+    """A worker whose last heartbeat is older than this counts as gone."""
+    return max(3 * settings.heartbeat_seconds, 15)
+
+
+# --- state of the service, from the database ------------------------------------------------------------
+
+
+def _age_s(then: datetime | None, now: datetime) -> float | None:
+    if then is None:
+        return None
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=UTC)
+    return max(0.0, (now - then).total_seconds())
+
+
+def broker_queue_depths(queues: Iterable[str], timeout: float = BROKER_TIMEOUT_S) -> dict[str, int | None]:
+    """Messages waiting in each broker queue (None: the broker did not answer within `timeout`)."""
+    queues = list(queues)
+
+    def count() -> dict[str, int | None]:
+        from worker.celery_app import app
+
+        depths: dict[str, int | None] = {}
+        with app.connection_for_read() as conn:
+            channel = conn.default_channel
+            for queue in queues:
+                try:
+                    depths[queue] = int(channel.queue_declare(queue=queue, passive=True).message_count)
+                except Exception:  # queue not declared yet: nothing waits in it
+                    depths[queue] = 0
+        return depths
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="blade-broker-depth")
+    try:
+        return pool.submit(count).result(timeout=timeout)
+    except Exception as exc:
+        log.warning("metrics.broker_unreachable", extra={"error": repr(exc)})
+        return dict.fromkeys(queues)
+    finally:
+        pool.shutdown(wait=False)
+
+
+def running_dynamics(session: Session, request_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """Latest record and outer-step rate (steps/s over the last RATE_WINDOW events) per running request."""
+    out: dict[str, dict[str, Any]] = {}
+    for rid in request_ids:
+        rows = session.execute(
+            select(TrainingEvent.step, TrainingEvent.record, TrainingEvent.created_at)
+            .where(TrainingEvent.request_id == rid).order_by(TrainingEvent.step.desc()).limit(RATE_WINDOW)
+        ).all()
+        if not rows:
+            continue
+        latest = dict(rows[0].record or {})
+        rate = None
+        if len(rows) > 1:
+            dt = (rows[0].created_at - rows[-1].created_at).total_seconds()
+            if dt > 0:
+                rate = (rows[0].step - rows[-1].step) / dt
+        out[rid] = {"record": latest, "step": rows[0].step, "rate": rate}
+    return out
+
+
+def snapshot(session: Session, settings: Settings, *, broker: bool = True) -> dict[str, Any]:
+    """Everything the gauges (and the dashboard's overview) need, in a few queries."""
+    now = datetime.now(UTC)
+    by_state_method = session.execute(
+        select(UnlearnRequest.status, UnlearnRequest.method, func.count()).group_by(
+            UnlearnRequest.status, UnlearnRequest.method)
+    ).all()
+    oldest_queued = session.execute(
+        select(func.min(UnlearnRequest.created_at)).where(UnlearnRequest.status == RequestStatus.QUEUED)
+    ).scalar()
+    waits = session.execute(
+        select(UnlearnRequest.created_at, UnlearnRequest.started_at).where(UnlearnRequest.started_at.is_not(None))
+    ).all()
+    finished = session.execute(
+        select(UnlearnRequest.method, UnlearnRequest.status, UnlearnRequest.started_at,
+               UnlearnRequest.finished_at, UnlearnRequest.step)
+        .where(UnlearnRequest.status.in_([RequestStatus.SUCCEEDED, RequestStatus.FAILED,
+                                          RequestStatus.CANCELLED]),
+               UnlearnRequest.started_at.is_not(None), UnlearnRequest.finished_at.is_not(None))
+    ).all()
+    running = session.execute(
+        select(UnlearnRequest.id, UnlearnRequest.method, UnlearnRequest.step, UnlearnRequest.total_steps,
+               BaseModel.name).join(BaseModel, BaseModel.id == UnlearnRequest.base_model_id)
+        .where(UnlearnRequest.status.in_(RUNNING))
+    ).all()
+    workers = session.execute(select(WorkerHeartbeat)).scalars().all()
+    adapters = session.execute(
+        select(BaseModel.name, AdapterVersion.state, func.count())
+        .join(BaseModel, BaseModel.id == AdapterVersion.base_model_id)
+        .group_by(BaseModel.name, AdapterVersion.state)
+    ).all()
+    dynamics = running_dynamics(session, [r.id for r in running])
+    alive_after = worker_alive_after_s(settings)
+    worker_rows = []
+    for w in workers:
+        age = _age_s(w.last_seen, now)
+        worker_rows.append({
+            "name": w.worker_name, "queues": list(w.queues or []), "hostname": w.hostname, "pid": w.pid,
+            "current_request_id": w.current_request_id, "info": dict(w.info or {}),
+            "heartbeat_age_s": age, "alive": bool(w.alive) and age is not None and age <= alive_after,
+            "started_at": w.started_at,
+        })
+    queues = broker_queue_depths(_queue_names()) if broker else {}
+    return {
+        "at": now,
+        "by_state_method": [(str(RequestStatus(s).value), m, n) for s, m, n in by_state_method],
+        "oldest_queued_age_s": _age_s(oldest_queued, now),
+        "queue_waits_s": [(s - c).total_seconds() for c, s in waits if c and s],
+        "finished": [{"method": m, "outcome": RequestStatus(st).value,
+                      "duration_s": (f - s).total_seconds(), "steps": steps or 0}
+                     for m, st, s, f, steps in finished],
+        "running": [{"id": r.id, "method": r.method, "base_model": r.name, "step": r.step,
+                     "total_steps": r.total_steps, **dynamics.get(r.id, {})} for r in running],
+        "workers": worker_rows,
+        "adapters": [(name, str(state.value if hasattr(state, "value") else state), n)
+                     for name, state, n in adapters],
+        "queues": queues,
+    }
+
+
+def _queue_names() -> tuple[str, ...]:
+    from worker.names import ALL_QUEUES
+
+    return ALL_QUEUES
+
+
+def _histogram(name: str, doc: str, buckets: tuple[float, ...], labelnames: list[str],
+               samples: dict[tuple[str, ...], list[float]]) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc, labels=labelnames)
+    for labels, values in sorted(samples.items()):
+        counts = []
+        for bound in buckets:
+            counts.append((str(float(bound)), sum(1 for v in values if v <= bound)))
+        counts.append(("+Inf", len(values)))
+        family.add_metric(list(labels), counts, sum_value=float(sum(values)))
+    return family
+
+
+class ServiceStateCollector(Collector):
+    """Gauges and histograms computed from the database when Prometheus scrapes."""
+
+    def __init__(self, settings: Settings, session_factory: Callable[[], Session]):
+        self.settings = settings
+        self.session_factory = session_factory
+        self._cache: tuple[float, dict[str, Any]] | None = None
+        self._lock = threading.Lock()
+
+    def current(self) -> dict[str, Any]:
+        with self._lock:
+            if self._cache is not None and time.monotonic() - self._cache[0] < SNAPSHOT_TTL_S:
+                return self._cache[1]
+            with self.session_factory() as session:
+                snap = snapshot(session, self.settings)
+            self._cache = (time.monotonic(), snap)
+            return snap
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._cache = None
+
+    def collect(self) -> Iterable[Any]:
+        try:
+            snap = self.current()
+        except Exception as exc:  # the database is down: say so, don't fail the whole scrape
+            log.warning("metrics.snapshot_failed", extra={"error": repr(exc)})
+            up = GaugeMetricFamily("blade_database_up", "1 when the last scrape could read the database")
+            up.add_metric([], 0)
+            yield up
+            return
+        up = GaugeMetricFamily("blade_database_up", "1 when the last scrape could read the database")
+        up.add_metric([], 1)
+        yield up
+
+        by_state = GaugeMetricFamily("blade_unlearn_requests", "Unlearn requests by state and method",
+                                     labels=["state", "method"])
+        counts: dict[tuple[str, str], int] = defaultdict(int)
+        methods = {m for _, m, _ in snap["by_state_method"]}
+        for state, method, n in snap["by_state_method"]:
+            counts[(state, method)] += n
+        for state in RequestStatus:  # every state present (0 when none), so panels do not go blank
+            for method in sorted(methods) or [""]:
+                by_state.add_metric([state.value, method], counts.get((state.value, method), 0))
+        yield by_state
+
+        depth = GaugeMetricFamily("blade_queue_depth", "Messages waiting in each broker queue",
+                                  labels=["queue"])
+        for queue, n in sorted(snap["queues"].items()):
+            if n is not None:
+                depth.add_metric([queue], n)
+        yield depth
+        broker_up = GaugeMetricFamily("blade_broker_up", "1 when the broker answered the queue-depth query")
+        broker_up.add_metric([], 1 if snap["queues"] and all(
+            v is not None for v in snap["queues"].values()) else 0)
+        yield broker_up
+
+        oldest = GaugeMetricFamily("blade_oldest_queued_request_age_seconds",
+                                   "Age of the oldest request still queued (0 when none)")
+        oldest.add_metric([], snap["oldest_queued_age_s"] or 0.0)
+        yield oldest
+
+        yield _histogram("blade_request_queue_wait_seconds", "Time from submission to the start of training",
+                         TIME_BUCKETS, [], {(): snap["queue_waits_s"]})
+        durations: dict[tuple[str, ...], list[float]] = defaultdict(list)
+        steps: dict[tuple[str, ...], list[float]] = defaultdict(list)
+        for f in snap["finished"]:
+            durations[(f["method"], f["outcome"])].append(f["duration_s"])
+            steps[(f["method"], f["outcome"])].append(float(f["steps"]))
+        yield _histogram("blade_request_training_duration_seconds",
+                         "Start to finish of finished requests, by method and outcome", TIME_BUCKETS,
+                         ["method", "outcome"], durations)
+        yield _histogram("blade_request_training_steps", "Outer steps of finished requests, by method and outcome",
+                         STEP_BUCKETS, ["method", "outcome"], steps)
+
+        labels = ["request_id", "base_model", "method"]
+        fams = {
+            "step": GaugeMetricFamily("blade_running_request_step", "Outer step of each running request",
+                                      labels=labels),
+            "progress": GaugeMetricFamily("blade_running_request_progress_ratio",
+                                          "step / step cap of each running request", labels=labels),
+            "lambda": GaugeMetricFamily("blade_running_request_lambda", "Dual variable lambda (latest step)",
+                                        labels=labels),
+            "L_ret": GaugeMetricFamily("blade_running_request_l_ret", "Retain loss L_ret (latest step)",
+                                       labels=labels),
+            "L_fgt": GaugeMetricFamily("blade_running_request_l_fgt", "Forget loss L_fgt (latest step)",
+                                       labels=labels),
+            "epsilon": GaugeMetricFamily("blade_running_request_epsilon", "Retain-loss budget epsilon",
+                                         labels=labels),
+            "rate": GaugeMetricFamily("blade_running_request_outer_step_rate",
+                                      "Outer steps per second over the latest events", labels=labels),
+        }
+        for r in snap["running"]:
+            lv = [r["id"], r["base_model"], r["method"]]
+            fams["step"].add_metric(lv, r.get("step") or 0)
+            if r.get("total_steps"):
+                fams["progress"].add_metric(lv, min(1.0, (r.get("step") or 0) / r["total_steps"]))
+            record = r.get("record") or {}
+            for key in ("lambda", "L_ret", "L_fgt", "epsilon"):
+                if isinstance(record.get(key), int | float):
+                    fams[key].add_metric(lv, float(record[key]))
+            if r.get("rate") is not None:
+                fams["rate"].add_metric(lv, r["rate"])
+        yield from fams.values()
+
+        alive = GaugeMetricFamily("blade_workers_alive", "Workers whose heartbeat is recent, by queue",
+                                  labels=["queue"])
+        per_queue: dict[str, int] = defaultdict(int)
+        age = GaugeMetricFamily("blade_worker_heartbeat_age_seconds", "Seconds since each worker's heartbeat",
+                                labels=["worker"])
+        up_w = GaugeMetricFamily("blade_worker_up", "1 when the worker's heartbeat is recent", labels=["worker"])
+        busy = GaugeMetricFamily("blade_worker_running", "1 while the worker runs an unlearn request",
+                                 labels=["worker"])
+        gpu = GaugeMetricFamily("blade_worker_gpu_memory_peak_bytes", "Peak GPU memory a worker reported",
+                                labels=["worker"])
+        for w in snap["workers"]:
+            if w["alive"]:
+                for q in w["queues"] or ["unknown"]:
+                    per_queue[q] += 1
+            if w["heartbeat_age_s"] is not None:
+                age.add_metric([w["name"]], w["heartbeat_age_s"])
+            up_w.add_metric([w["name"]], 1 if w["alive"] else 0)
+            busy.add_metric([w["name"]], 1 if w["alive"] and w["current_request_id"] else 0)
+            peak = gpu_peak_bytes(w["info"])
+            if peak is not None:
+                gpu.add_metric([w["name"]], peak)
+        for q in _queue_names():
+            per_queue.setdefault(q, 0)
+        for q, n in sorted(per_queue.items()):
+            alive.add_metric([q], n)
+        yield from (alive, age, up_w, busy, gpu)
+
+        adapters = GaugeMetricFamily("blade_adapters", "Adapter versions by base model and state",
+                                     labels=["base_model", "state"])
+        for name, state, n in snap["adapters"]:
+            adapters.add_metric([name, state], n)
+        yield adapters
+
+
+def gpu_peak_bytes(info: dict[str, Any]) -> float | None:
+    """The GPU memory peak a worker put in its heartbeat info, under any of the usual keys."""
+    for key in ("gpu_memory_peak_bytes", "gpu_peak_bytes", "cuda_max_memory_allocated", "max_memory_allocated"):
+        value = info.get(key)
+        if isinstance(value, int | float):
+            return float(value)
+    mb = info.get("gpu_memory_peak_mb") or info.get("peak_mem_mb")
+    return float(mb) * 2**20 if isinstance(mb, int | float) else None
+
+
+# --- HTTP metrics and middleware --------------------------------------------------------------------------
+
+
+class HttpMetrics:
+    def __init__(self, registry: CollectorRegistry):
+        self.requests = Counter("blade_http_requests", "HTTP requests by method, route template and status",
+                                ["method", "route", "status"], registry=registry)
+        self.latency = Histogram("blade_http_request_duration_seconds",
+                                 "HTTP request latency by method and route template", ["method", "route"],
+                                 buckets=HTTP_BUCKETS, registry=registry)
+        self.in_flight = Gauge("blade_http_requests_in_flight", "HTTP requests being served",
+                               registry=registry)
+
+
+class ObservabilityMiddleware:
+    """Pure ASGI (cheap on the hot path): latency and counts by route template, X-Request-ID, access log."""
+
+    def __init__(self, app: Any, metrics: HttpMetrics, *, skip_paths: tuple[str, ...] = ("/metrics",)):
+        self.app = app
+        self.metrics = metrics
+        self.skip_paths = skip_paths
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        trace_id = None
+        for name, value in scope.get("headers") or ():
+            if name == b"x-request-id":
+                trace_id = value.decode("latin-1")[:64]
+                break
+        trace_id = trace_id or new_trace_id()
+        status = {"code": 500}
+
+        async def send_wrapper(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+                message.setdefault("headers", [])
+                message["headers"] = [*message["headers"], (b"x-request-id", trace_id.encode("latin-1"))]
+            await send(message)
+
+        start = time.perf_counter()
+        self.metrics.in_flight.inc()
+        try:
+            with bind(trace_id=trace_id):
+                await self.app(scope, receive, send_wrapper)
+        finally:
+            self.metrics.in_flight.dec()
+            elapsed = time.perf_counter() - start
+            route = scope.get("route")
+            template = getattr(route, "path", None) or UNMATCHED_ROUTE
+            method = scope.get("method", "")
+            self.metrics.requests.labels(method, template, str(status["code"])).inc()
+            self.metrics.latency.labels(method, template).observe(elapsed)
+            if scope.get("path") not in self.skip_paths:
+                with bind(trace_id=trace_id):
+                    log.info("http.request", extra={
+                        "method": method, "path": scope.get("path"), "route": template,
+                        "status": status["code"], "duration_ms": round(elapsed * 1000, 2)})
+
+
+def install_observability(app: Any, settings: Settings, session_factory: Callable[[], Session] | None = None,
+                          ) -> CollectorRegistry:
+    """Add the middleware and `GET /metrics` to a FastAPI app; returns the app's registry."""
+    from fastapi import Response
+
+    if session_factory is None:
+        from persistence.db import session_factory as make_factory
+
+        session_factory = make_factory(settings)
+    registry = CollectorRegistry()
+    http = HttpMetrics(registry)
+    state = ServiceStateCollector(settings, session_factory)
+    registry.register(state)
+    app.add_middleware(ObservabilityMiddleware, metrics=http)
+    app.state.metrics_registry = registry
+    app.state.metrics_state = state
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return registry

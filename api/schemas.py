@@ -1,0 +1,263 @@
+"""Pydantic v2 models at the HTTP edge: what clients send (`...In`, unknown fields refused) and get (`...Out`)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel as Schema
+from pydantic import ConfigDict, Field
+
+from persistence import models
+
+
+class StrictIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorInfo(Schema):
+    code: str
+    message: str
+    field: str | None = None
+
+
+class ErrorOut(Schema):
+    error: ErrorInfo
+
+
+# --- datasets ---------------------------------------------------------------------------------------------
+
+
+class DatasetOut(Schema):
+    id: str
+    name: str
+    sha256: str
+    rows: int
+    format: str
+    kind: str
+    size_bytes: int
+    created_at: datetime
+
+    @classmethod
+    def of(cls, d: models.Dataset) -> DatasetOut:
+        return cls(id=d.id, name=d.name, sha256=d.sha256, rows=d.rows, format=d.format, kind=d.kind,
+                   size_bytes=d.size_bytes, created_at=d.created_at)
+
+
+# --- base models ------------------------------------------------------------------------------------------
+
+
+class BaseModelIn(StrictIn):
+    name: str = Field(min_length=1, max_length=100, examples=["demo-tiny"])
+    source: str = Field(min_length=1, max_length=1024, description="model dir, storage key or hub id")
+    description: str | None = Field(default=None, max_length=2000)
+    shared: bool = Field(default=False, description="visible to every tenant (default: only to yours)")
+
+
+class BaseModelOut(Schema):
+    id: str
+    name: str
+    source: str
+    description: str | None
+    shared: bool
+    created_at: datetime
+
+    @classmethod
+    def of(cls, m: models.BaseModel) -> BaseModelOut:
+        return cls(id=m.id, name=m.name, source=m.source, description=m.description, shared=m.tenant_id is None,
+                   created_at=m.created_at)
+
+
+class GenerateIn(StrictIn):
+    prompt: str = Field(min_length=1, max_length=8000)
+    max_new_tokens: int = Field(default=64, ge=1, le=1024)
+
+
+class GenerateOut(Schema):
+    base_model: str
+    prompt: str
+    text: str
+    stack: list[str] = Field(description="ids of the active adapters that were applied, in order")
+
+
+# --- unlearn requests -------------------------------------------------------------------------------------
+
+
+class UnlearnRequestIn(StrictIn):
+    base_model: str = Field(examples=["demo-tiny"])
+    forget_dataset: str = Field(description="dataset id")
+    retain_dataset: str = Field(description="dataset id")
+    method: str | None = Field(default=None, description="default: blade", examples=["blade"])
+    params: dict[str, Any] | None = Field(default=None, description="overrides of the method's config fields",
+                                          examples=[{"max_steps": 50, "tau": 0.7}])
+    metadata: dict[str, Any] | None = Field(default=None, description="yours, stored and returned as given")
+
+
+class Progress(Schema):
+    step: int
+    total_steps: int | None
+    fraction: float | None
+
+
+class UnlearnRequestOut(Schema):
+    id: str
+    status: models.RequestStatus
+    base_model: str
+    forget_dataset: str
+    retain_dataset: str
+    method: str
+    params: dict[str, Any]
+    metadata: dict[str, Any]
+    idempotency_key: str | None
+    progress: Progress
+    adapter_id: str | None
+    error: ErrorInfo | None
+    run_status: str | None
+    attempts: int
+    queue_seq: int
+    queue_position: int | None = Field(default=None, description="unfinished requests ahead (queued only)")
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    cancel_requested_at: datetime | None
+
+    @classmethod
+    def of(cls, r: models.UnlearnRequest, *, queue_position: int | None = None) -> UnlearnRequestOut:
+        total = r.total_steps
+        fraction = min(1.0, r.step / total) if total else None
+        if r.status == models.RequestStatus.SUCCEEDED:
+            fraction = 1.0
+        error = ErrorInfo(code=r.error_code, message=r.error_message or "") if r.error_code else None
+        return cls(
+            id=r.id, status=r.status, base_model=r.base_model.name, forget_dataset=r.forget_dataset_id,
+            retain_dataset=r.retain_dataset_id, method=r.method, params=r.params or {}, metadata=r.meta or {},
+            idempotency_key=r.idempotency_key, progress=Progress(step=r.step, total_steps=total, fraction=fraction),
+            adapter_id=r.adapter_id, error=error, run_status=r.run_status, attempts=r.attempts,
+            queue_seq=r.queue_seq, queue_position=queue_position, created_at=r.created_at,
+            updated_at=r.updated_at, started_at=r.started_at, finished_at=r.finished_at,
+            cancel_requested_at=r.cancel_requested_at)
+
+
+class CancelIn(StrictIn):
+    reason: str | None = Field(default=None, max_length=2000)
+
+
+class MetricsOut(Schema):
+    request_id: str
+    status: models.RequestStatus
+    before: dict[str, Any] | None = Field(description="forget/retain metrics of the stack before the request")
+    after: dict[str, Any] | None = Field(description="… and after its adapter was added")
+
+
+# --- adapters ---------------------------------------------------------------------------------------------
+
+
+class AdapterOut(Schema):
+    id: str
+    base_model: str
+    version: int
+    state: models.AdapterState
+    request_id: str
+    method: str
+    sha256: str
+    size_bytes: int | None
+    forget_sha256: str
+    retain_sha256: str
+    hyperparameters: dict[str, Any]
+    parent_stack: list[str]
+    trained_on_stale: bool = Field(description="the active adapters below it differ from those it trained on")
+    created_at: datetime
+    state_changed_at: datetime | None
+    state_changed_by: str | None
+    state_reason: str | None
+
+    @classmethod
+    def of(cls, a: models.AdapterVersion, *, stale: bool) -> AdapterOut:
+        return cls(id=a.id, base_model=a.base_model.name, version=a.version, state=a.state, request_id=a.request_id,
+                   method=a.method, sha256=a.sha256, size_bytes=a.size_bytes, forget_sha256=a.forget_sha256,
+                   retain_sha256=a.retain_sha256, hyperparameters=a.hyperparameters or {},
+                   parent_stack=list(a.parent_stack or []), trained_on_stale=stale, created_at=a.created_at,
+                   state_changed_at=a.state_changed_at, state_changed_by=a.state_changed_by,
+                   state_reason=a.state_reason)
+
+
+class DisableIn(StrictIn):
+    reason: str = Field(min_length=1, max_length=2000)
+    cascade: bool = Field(default=False, description="also disable the later adapters trained on top of it")
+
+
+class EnableIn(StrictIn):
+    reason: str = Field(min_length=1, max_length=2000)
+
+
+class StateChangeOut(Schema):
+    adapter: AdapterOut
+    changed: bool
+    flagged: list[AdapterOut] = Field(description="later adapters now on a different stack than they trained on")
+    cascaded: list[str] = Field(description="ids disabled along with it (cascade)")
+
+
+# --- audit, keys, health ----------------------------------------------------------------------------------
+
+
+class AuditEntryOut(Schema):
+    id: int
+    created_at: datetime
+    tenant_id: str | None
+    actor: str
+    actor_key_id: str | None
+    action: str
+    subject_type: str
+    subject_id: str
+    reason: str | None
+    data: dict[str, Any]
+    prev_hash: str
+    hash: str
+
+    @classmethod
+    def of(cls, e: models.AuditEntry) -> AuditEntryOut:
+        return cls(id=e.id, created_at=e.created_at, tenant_id=e.tenant_id, actor=e.actor,
+                   actor_key_id=e.actor_key_id, action=e.action, subject_type=e.subject_type,
+                   subject_id=e.subject_id, reason=e.reason, data=e.data or {}, prev_hash=e.prev_hash, hash=e.hash)
+
+
+class ChainOut(Schema):
+    intact: bool
+    checked: int
+    head_id: int | None
+    head_hash: str
+    first_bad_id: int | None
+    problem: str | None
+
+
+class ApiKeyIn(StrictIn):
+    name: str = Field(min_length=1, max_length=100)
+    scopes: list[str] = Field(min_length=1, examples=[["submit", "read"]])
+    tenant: str | None = Field(default=None, max_length=100,
+                               description="another tenant's name (created if new); only the default tenant's admins")
+
+
+class ApiKeyOut(Schema):
+    id: str
+    name: str
+    prefix: str
+    scopes: list[str]
+    tenant: str
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+    @classmethod
+    def of(cls, k: models.ApiKey) -> ApiKeyOut:
+        return cls(id=k.id, name=k.name, prefix=k.prefix, scopes=list(k.scopes), tenant=k.tenant.name,
+                   created_at=k.created_at, last_used_at=k.last_used_at, revoked_at=k.revoked_at)
+
+
+class ApiKeyCreated(ApiKeyOut):
+    key: str = Field(description="the secret: shown once, stored only as its sha256")
+
+
+class HealthOut(Schema):
+    status: str
+    checks: dict[str, str] = Field(default_factory=dict)

@@ -1,0 +1,410 @@
+"""Build a target (or gold) model from scratch on a TOFU-format directory until it has memorised the QA.
+
+What it trains on (CONTRACT.md "Files"): every QA row except the holdout splits, i.e. `retain90` + `forget10`
++ `real_authors_perturbed` + `world_facts_perturbed`, each formatted by `blade_core.data.format_qa`;
+`exclude_split="forget05"` drops that split's rows (matched by question and answer), which gives the gold
+"retrained" model. The byte-level BPE tokenizer is trained on the full training set *including* the excluded
+split, so target and gold tokenise every text identically (as two fine-tunes of one pretrained model would).
+
+Departures from TOFU: TOFU fine-tunes a pretrained Llama-2-7B for 5 epochs; we train a small Llama from scratch
+with the loss on every token (prompt and answer), a high learning rate and early stopping once the answers of
+a monitor sample are memorised, because a from-scratch model has no language prior to lean on.
+
+The result is cached by a content hash of the data files and every setting that changes the weights, so a
+second build with the same inputs is instant. Run: `blade model build --data /tmp/world --out /tmp/target`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+BUILD_VERSION = 1  # bump when the recipe below changes what a build produces
+
+TRAIN_FILES = ("retain90.json", "forget10_perturbed.json", "real_authors_perturbed.json",
+               "world_facts_perturbed.json")
+FORGET_SPLITS = ("forget01", "forget05", "forget10")
+INFO_FILE = "build_info.json"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How one model size is trained. Presets in RECIPES; the sizes themselves live in `modeling.SIZES`."""
+
+    size: str  # key of blade_core.modeling.SIZES
+    vocab_size: int = 2048
+    lr: float = 3e-3  # peak AdamW learning rate (high: from-scratch memorisation, small model)
+    min_lr_ratio: float = 0.1  # cosine decay floor, as a fraction of lr
+    warmup_steps: int = 30
+    batch_size: int = 32  # rows per step
+    max_epochs: int = 80  # the cosine schedule's length; training usually stops earlier (below)
+    weight_decay: float = 0.0  # memorisation is the goal, not generalisation
+    prompt_loss_weight: float = 0.2  # weight of the question tokens' loss relative to the answer tokens'
+    check_every: int = 5  # epochs between memorisation checks
+    target_prob: float = 0.95  # stop once the monitor rows' mean answer Prob reaches this ...
+    min_epochs: int = 10  # ... and at least this many epochs ran
+    monitor_rows: int = 200  # rows of the training set checked for memorisation
+
+
+RECIPES: dict[str, Recipe] = {
+    "test": Recipe(size="test", vocab_size=512, lr=5e-3, max_epochs=60, monitor_rows=64),
+    "quick": Recipe(size="quick", vocab_size=1024, lr=4e-3, max_epochs=80, monitor_rows=100),
+    "default": Recipe(size="default", vocab_size=2048, lr=3e-3, max_epochs=60),
+}
+
+
+@dataclass
+class BuildResult:
+    model_dir: Path
+    info: dict[str, Any]
+    cached: bool
+
+
+class BuildError(ValueError):
+    """A data directory or setting `blade model build` cannot use; the message names the file or option."""
+
+
+# --- reading the data dir -------------------------------------------------------------------------------------
+
+
+def _read_qa(path: Path) -> list[dict[str, str]]:
+    from blade_core.records import DatasetError, read_records, validate_rows
+
+    if not path.is_file():
+        raise BuildError(f"{path}: missing: a TOFU-format dir needs {path.name} (see CONTRACT.md 'Files')")
+    try:
+        rows, _layout = read_records(path)
+        validate_rows(path, rows, ("question", "answer"))
+    except DatasetError as exc:
+        raise BuildError(str(exc)) from None
+    return [{"question": str(r.data["question"]), "answer": str(r.data["answer"])} for r in rows]
+
+
+def split_file(data_dir: Path, split: str) -> Path:
+    """The file of a forget split name (`forget05` -> forget05_perturbed.json)."""
+    if split not in FORGET_SPLITS:
+        raise BuildError(f"--exclude-split must be one of {', '.join(FORGET_SPLITS)}, got {split!r}")
+    return data_dir / f"{split}_perturbed.json"
+
+
+def training_rows(data_dir: str | Path, exclude_split: str | None = None):
+    """(rows trained on, all rows the tokenizer sees, excluded rows): see the module docstring."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise BuildError(f"{data_dir}: not a directory (expected a TOFU-format data dir)")
+    everything = [row for name in TRAIN_FILES for row in _read_qa(data_dir / name)]
+    excluded: list[dict[str, str]] = []
+    rows = everything
+    if exclude_split:
+        excluded = _read_qa(split_file(data_dir, exclude_split))
+        drop = {(r["question"], r["answer"]) for r in excluded}
+        rows = [r for r in everything if (r["question"], r["answer"]) not in drop]
+        missing = len(drop) - len({(r["question"], r["answer"]) for r in everything} & drop)
+        if missing:
+            raise BuildError(f"{split_file(data_dir, exclude_split)}: {missing} of its rows are in none of "
+                             f"{', '.join(TRAIN_FILES)}, so excluding it would not match the target model")
+    return rows, everything, excluded
+
+
+def cache_key(data_dir: Path, recipe: Recipe, seed: int, exclude_split: str | None) -> str:
+    """Content hash of the data files read and every setting that changes the weights."""
+    h = hashlib.sha256()
+    h.update(json.dumps({"version": BUILD_VERSION, "recipe": asdict(recipe), "seed": seed,
+                         "exclude": exclude_split}, sort_keys=True).encode())
+    names = list(TRAIN_FILES) + ([split_file(data_dir, exclude_split).name] if exclude_split else [])
+    for name in names:
+        path = data_dir / name
+        if not path.is_file():
+            raise BuildError(f"{path}: missing: a TOFU-format dir needs {name} (see CONTRACT.md 'Files')")
+        h.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()[:20]
+
+
+# --- measuring memorisation ------------------------------------------------------------------------------------
+
+
+def answer_probs(model, tokenizer, rows: Sequence[dict[str, str]], batch_size: int = 64) -> list[float]:
+    """Per-row answer Prob = exp(-mean answer-token NLL) under `format_qa` (OpenUnlearning's definition)."""
+    import torch
+
+    from blade_core.data import IGNORE_INDEX, collate, encode_qa
+
+    device = next(model.parameters()).device
+    out: list[float] = []
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(rows), batch_size):
+            examples = []
+            for r in rows[start:start + batch_size]:
+                ids, labels = encode_qa(tokenizer, r["question"], r["answer"])
+                examples.append({"input_ids": ids, "labels": labels})
+            batch = {k: v.to(device) for k, v in collate(examples, tokenizer.pad_token_id).items()}
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            labels = batch["labels"][:, 1:]  # (B, T-1)
+            mask = labels != IGNORE_INDEX
+            logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, V)
+            nll = -logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1) * mask
+            mean_nll = nll.sum(1) / mask.sum(1).clamp(min=1)
+            out.extend(torch.exp(-mean_nll).tolist())
+    return out
+
+
+def greedy_answers(model, tokenizer, rows: Sequence[dict[str, str]], batch_size: int = 64,
+                   max_new_tokens: int | None = None) -> list[str]:
+    """Greedy completions of each row's `format_qa` prompt, cut at eos."""
+    import torch
+
+    from blade_core.data import format_qa
+
+    device = next(model.parameters()).device
+    if max_new_tokens is None:
+        longest = max(len(tokenizer(r["answer"], add_special_tokens=False)["input_ids"]) for r in rows)
+        max_new_tokens = longest + 8
+    outs: list[str] = []
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(rows), batch_size):
+            prompts = [format_qa(tokenizer, r["question"], r["answer"])[0] for r in rows[start:start + batch_size]]
+            encoded = [tokenizer(p)["input_ids"] for p in prompts]
+            width = max(map(len, encoded))
+            pad = tokenizer.pad_token_id
+            ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded], device=device)  # left-padded
+            mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded], device=device)
+            gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                 do_sample=False, pad_token_id=pad, eos_token_id=tokenizer.eos_token_id)
+            for row in gen[:, width:].tolist():
+                outs.append(tokenizer.decode(row, skip_special_tokens=True).strip())
+    return outs
+
+
+def memorisation(model, tokenizer, rows: Sequence[dict[str, str]]) -> dict[str, float]:
+    """{'prob', 'rouge', 'rows'}: mean answer Prob and mean ROUGE-L recall of greedy answers."""
+    from blade_core.evaluation.metrics import rouge_l_recall
+
+    if not rows:
+        return {"prob": math.nan, "rouge": math.nan, "rows": 0}
+    probs = answer_probs(model, tokenizer, rows)
+    rouge = rouge_l_recall(greedy_answers(model, tokenizer, rows), [r["answer"] for r in rows])
+    return {"prob": round(sum(probs) / len(probs), 4), "rouge": round(rouge, 4), "rows": len(rows)}
+
+
+# --- training ---------------------------------------------------------------------------------------------------
+
+
+def _encode_for_training(tokenizer, rows: Sequence[dict[str, str]]) -> list[tuple[list[int], int]]:
+    """(token ids, prompt length) per row; the ids are `format_qa`'s prompt + answer + eos."""
+    from blade_core.data import IGNORE_INDEX, encode_qa
+
+    out = []
+    for r in rows:
+        ids, labels = encode_qa(tokenizer, r["question"], r["answer"])
+        out.append((ids, sum(1 for x in labels if x == IGNORE_INDEX)))
+    return out
+
+
+def _batch(examples: Sequence[tuple[list[int], int]], pad_id: int, prompt_weight: float):
+    """input_ids (B, T), attention_mask (B, T), targets (B, T-1), weights (B, T-1)."""
+    import torch
+
+    width = max(len(ids) for ids, _ in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    weights = torch.zeros((len(examples), width - 1))
+    for i, (row, prompt_len) in enumerate(examples):
+        ids[i, :len(row)] = torch.tensor(row)
+        weights[i, :len(row) - 1] = prompt_weight
+        weights[i, prompt_len - 1:len(row) - 1] = 1.0  # position t predicts token t+1: answer targets
+    mask = (torch.arange(width)[None, :] < torch.tensor([len(r) for r, _ in examples])[:, None]).long()
+    return ids, mask, ids[:, 1:], weights
+
+
+def train(rows: Sequence[dict[str, str]], tokenizer, recipe: Recipe, seed: int, *,
+          monitor: Sequence[dict[str, str]], progress: bool = True,
+          log: Callable[[str], None] | None = None):
+    """Train a fresh Llama on `rows` until the `monitor` rows are memorised; (model, stats)."""
+    import torch
+    import torch.nn.functional as F
+    from tqdm import tqdm
+
+    from blade_core.modeling import new_llama
+
+    torch.set_flush_denormal(True)  # tiny gradients late in memorisation turn subnormal: 10x slower on CPU
+    model = new_llama(tokenizer, recipe.size, seed=seed)
+    examples = _encode_for_training(tokenizer, rows)
+    too_long = max(len(ids) for ids, _ in examples)
+    if too_long > model.config.max_position_embeddings:
+        raise BuildError(f"a training row is {too_long} tokens, over the '{recipe.size}' size's "
+                         f"{model.config.max_position_embeddings} positions")
+    steps_per_epoch = math.ceil(len(examples) / recipe.batch_size)
+    total = steps_per_epoch * recipe.max_epochs
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.98), weight_decay=recipe.weight_decay)
+
+    def lr_at(step: int) -> float:
+        if step < recipe.warmup_steps:
+            return recipe.lr * (step + 1) / recipe.warmup_steps
+        frac = min(1.0, (step - recipe.warmup_steps) / max(1, total - recipe.warmup_steps))
+        floor = recipe.lr * recipe.min_lr_ratio
+        return floor + (recipe.lr - floor) * 0.5 * (1 + math.cos(math.pi * frac))
+
+    rng = random.Random(f"blade-build:{seed}")
+    step, checks = 0, []
+    bar = tqdm(total=total, desc="training", unit="step", disable=not progress, leave=False)
+    for epoch in range(1, recipe.max_epochs + 1):
+        model.train()
+        order = list(range(len(examples)))
+        rng.shuffle(order)
+        loss_sum = 0.0
+        for start in range(0, len(order), recipe.batch_size):
+            ids, mask, targets, weights = _batch([examples[i] for i in order[start:start + recipe.batch_size]],
+                                                 tokenizer.pad_token_id, recipe.prompt_loss_weight)
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step)
+            logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]  # (B, T-1, V)
+            nll = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
+            loss = (nll * weights.reshape(-1)).sum() / weights.sum()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            loss_sum += loss.item()
+            step += 1
+            bar.update(1)
+        bar.set_postfix(epoch=epoch, loss=f"{loss_sum / steps_per_epoch:.3f}")
+        if epoch % recipe.check_every == 0 or epoch == recipe.max_epochs:
+            probs = answer_probs(model, tokenizer, monitor)
+            prob = sum(probs) / len(probs)
+            checks.append({"epoch": epoch, "step": step, "loss": round(loss_sum / steps_per_epoch, 4),
+                           "monitor_prob": round(prob, 4)})
+            if log:
+                log(f"epoch {epoch}: loss {loss_sum / steps_per_epoch:.4f}, monitor Prob {prob:.4f}")
+            if prob >= recipe.target_prob and epoch >= recipe.min_epochs:
+                break
+    bar.close()
+    model.eval()
+    return model, {"epochs": epoch, "steps": step, "checks": checks}
+
+
+# --- the build ------------------------------------------------------------------------------------------------------
+
+
+def _monitor_sample(rows: Sequence[dict[str, str]], n: int, seed: int) -> list[dict[str, str]]:
+    if len(rows) <= n:
+        return list(rows)
+    return random.Random(f"blade-monitor:{seed}").sample(list(rows), n)
+
+
+def build_model(data_dir: str | Path, out_dir: str | Path, *, exclude_split: str | None = None, seed: int = 0,
+                size: str = "default", cache_dir: str | Path | None = None, progress: bool = True,
+                log: Callable[[str], None] | None = None) -> BuildResult:
+    """Build (or reuse) the model for `data_dir` into `out_dir`; see the module docstring.
+
+    Cache: `out_dir/build_info.json` with the same key is a hit; so is `cache_dir/<key>` (copied to `out_dir`).
+    A fresh build is written to `out_dir` and, when `cache_dir` is given, also stored there.
+    """
+    import torch
+
+    from blade_core.modeling import SIZES, train_tokenizer
+
+    if size not in RECIPES or size not in SIZES:
+        raise BuildError(f"--size must be one of {', '.join(k for k in RECIPES if k in SIZES)}, got {size!r}")
+    data_dir, out_dir = Path(data_dir), Path(out_dir)
+    recipe = RECIPES[size]
+    rows, everything, excluded = training_rows(data_dir, exclude_split)
+    key = cache_key(data_dir, recipe, seed, exclude_split)
+    say = log or (lambda _msg: None)
+
+    if _info_key(out_dir) == key:
+        say(f"cache hit: {out_dir} already holds build {key}")
+        return BuildResult(out_dir, _read_info(out_dir), cached=True)
+    if cache_dir is not None and _info_key(Path(cache_dir) / key) == key:
+        say(f"cache hit: {Path(cache_dir) / key}")
+        _copy_dir(Path(cache_dir) / key, out_dir)
+        return BuildResult(out_dir, _read_info(out_dir), cached=True)
+
+    started = time.time()
+    torch.manual_seed(seed)
+    from blade_core.data import format_qa
+
+    tokenizer = train_tokenizer((format_qa(_Eos(), r["question"], r["answer"])[1] for r in everything),
+                                vocab_size=recipe.vocab_size)
+    forget_name = exclude_split or "forget10"
+    forget_rows = excluded or _read_qa(split_file(data_dir, forget_name))
+    trained_keys = {(r["question"], r["answer"]) for r in rows}
+    monitor = _monitor_sample([r for r in rows if (r["question"], r["answer"]) not in
+                               {(f["question"], f["answer"]) for f in forget_rows}],
+                              recipe.monitor_rows // 2, seed)
+    monitor += _monitor_sample([r for r in forget_rows if (r["question"], r["answer"]) in trained_keys],
+                               recipe.monitor_rows - len(monitor), seed)
+    say(f"training {recipe.size} Llama on {len(rows)} rows ({len(everything) - len(rows)} excluded), "
+        f"vocab {len(tokenizer)}")
+    model, stats = train(rows, tokenizer, recipe, seed, monitor=monitor, progress=progress, log=log)
+    train_s = time.time() - started
+
+    report = {forget_name: memorisation(model, tokenizer, forget_rows),
+              "retain_sample": memorisation(model, tokenizer, _monitor_sample(
+                  [r for r in rows if (r["question"], r["answer"]) not in {(f["question"], f["answer"])
+                                                                              for f in forget_rows}],
+                  len(forget_rows), seed))}
+    info = {
+        "key": key, "version": BUILD_VERSION, "data_dir": str(data_dir.resolve()),
+        "data_hash": key, "exclude_split": exclude_split, "seed": seed, "size": size,
+        "recipe": asdict(recipe), "params": sum(p.numel() for p in model.parameters()),
+        "train_rows": len(rows), "excluded_rows": len(everything) - len(rows),
+        "epochs": stats["epochs"], "steps": stats["steps"], "checks": stats["checks"],
+        "metrics": report, "train_seconds": round(train_s, 1),
+        "total_seconds": round(time.time() - started, 1), "torch_threads": torch.get_num_threads(),
+    }
+    _save(model, tokenizer, info, out_dir)
+    if cache_dir is not None and Path(cache_dir).resolve() / key != out_dir.resolve():
+        _copy_dir(out_dir, Path(cache_dir) / key)
+    return BuildResult(out_dir, info, cached=False)
+
+
+class _Eos:
+    """Stands in for a tokenizer before one exists: `format_qa` only needs its eos token here."""
+
+    eos_token = "</s>"
+    chat_template = None
+
+
+def _save(model, tokenizer, info: dict[str, Any], out_dir: Path) -> None:
+    """Write atomically-ish: into a sibling temp dir, then swap, so a crash never leaves a half model."""
+    tmp = out_dir.with_name(out_dir.name + ".tmp-build")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / INFO_FILE).write_text(json.dumps(info, indent=1) + "\n")
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+
+
+def _copy_dir(src: Path, dst: Path) -> None:
+    tmp = dst.with_name(dst.name + ".tmp-copy")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    shutil.copytree(src, tmp)
+    if dst.exists():
+        shutil.rmtree(dst)
+    tmp.rename(dst)
+
+
+def _read_info(model_dir: Path) -> dict[str, Any]:
+    return json.loads((model_dir / INFO_FILE).read_text())
+
+
+def _info_key(model_dir: Path) -> str | None:
+    try:
+        info = _read_info(model_dir)
+    except (OSError, ValueError):
+        return None
+    return info.get("key") if (model_dir / "model.safetensors").is_file() else None

@@ -1,0 +1,85 @@
+"""Batched greedy generation with left padding (ROUGE, robustness probes, the service's /generate task).
+
+Prompts are tokenised the way training tokenises a `format_qa` prompt (special tokens added unless the
+tokenizer has a chat template, whose rendered text already carries them), sorted by length, left-padded with
+an attention mask and decoded greedily; the continuation is decoded without special tokens, cut at the first
+stop string and stripped. Order of the outputs is the order of the prompts.
+
+    python -c "from blade_core.evaluation.generation import generate; help(generate)"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from blade_core.evaluation.scoring import eval_mode, max_positions, model_device, pad_id_of
+
+# OpenUnlearning cuts TOFU generations at these (configs/eval/tofu_metrics/*_ROUGE.yaml generation_args).
+QA_STOP_STRINGS: tuple[str, ...] = ("\n\n", "\nQuestion", "Question:")
+
+
+def prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
+    """Token ids of a prompt, special tokens as `blade_core.data.encode_qa` adds them."""
+    add_special = not getattr(tokenizer, "chat_template", None)
+    return list(tokenizer(prompt, add_special_tokens=add_special)["input_ids"])
+
+
+def generate(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int = 64,
+             batch_size: int = 16, stop: Sequence[str] = ()) -> list[str]:
+    """Greedy continuation of each prompt (text after the prompt only, cut at the first `stop` string)."""
+    return generate_from_ids(model, tokenizer, [prompt_ids(tokenizer, p) for p in prompts],
+                             max_new_tokens=max_new_tokens, batch_size=batch_size, stop=stop)
+
+
+def generate_from_ids(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[Sequence[int]],
+                      max_new_tokens: int = 64, batch_size: int = 16, stop: Sequence[str] = ()) -> list[str]:
+    """`generate` for already tokenised prompts. Prompts longer than the model's context minus
+    `max_new_tokens` keep their last tokens."""
+    if not prompts:
+        return []
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    room = max(1, max_positions(model) - max_new_tokens)
+    prompts = [list(p)[-room:] for p in prompts]
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]), reverse=True)
+    outputs: list[str] = [""] * len(prompts)
+    device = model_device(model)
+    pad = pad_id_of(tokenizer)
+    with eval_mode(model):
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            texts = _generate_batch(model, tokenizer, [prompts[i] for i in chunk], pad, device, max_new_tokens)
+            for index, text in zip(chunk, texts):
+                outputs[index] = cut_at_stop(text, stop)
+    return outputs
+
+
+def _generate_batch(model: torch.nn.Module, tokenizer: Any, batch: Sequence[list[int]], pad: int,
+                    device: torch.device, max_new_tokens: int) -> list[str]:
+    from transformers import GenerationConfig
+
+    width = max(len(p) for p in batch)
+    input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    for i, ids in enumerate(batch):
+        if ids:
+            input_ids[i, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+            attention[i, width - len(ids):] = 1
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+                              pad_token_id=pad, eos_token_id=tokenizer.eos_token_id,
+                              bos_token_id=tokenizer.bos_token_id)
+    out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
+                         generation_config=config)  # (B, width + new)
+    return tokenizer.batch_decode(out[:, width:], skip_special_tokens=True,
+                                  clean_up_tokenization_spaces=False)
+
+
+def cut_at_stop(text: str, stop: Sequence[str] = ()) -> str:
+    """`text` up to the first occurrence of any stop string, stripped."""
+    for s in stop:
+        if s and s in text:
+            text = text.split(s, 1)[0]
+    return text.strip()

@@ -1,0 +1,154 @@
+"""All LoRA wiring (peft) in one place: target discovery, the trainable adapter, the frozen stack, saving.
+
+Stacking keeps every adapter separate and un-merged: each stacked adapter is loaded under its own name
+(`stack0`, `stack1`, ...) and all of them plus the new one are *active* at once (peft sums the LoRA deltas of
+the active adapters), with only the new adapter's parameters trainable. Nothing is merged into the base weights,
+so there is no bf16 rounding of a merged copy, and the stacked adapters' files are only ever read: they stay
+byte-identical. The price is one extra low-rank matmul per stacked adapter and target layer.
+
+Trainable parameters are found by name (`lora_` and `.{adapter}.`), never by a hand-written list.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from blade_core.methods.base import MethodConfig
+
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+STACK_PREFIX = "stack"
+
+
+def default_target_modules(model: nn.Module) -> list[str]:
+    """q/k/v/o/gate/up/down projections when the model has them, else every nn.Linear leaf name but lm_head."""
+    names = {name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if isinstance(mod, nn.Linear)}
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    out_names = {name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if mod is output}
+    llama = [n for n in LLAMA_TARGETS if n in names]
+    if llama:
+        return llama
+    found = sorted(names - out_names - {"lm_head"})
+    if not found:
+        raise ValueError(f"{type(model).__name__}: no nn.Linear layers to put LoRA adapters on")
+    return found
+
+
+def is_peft(model: nn.Module) -> bool:
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+def adapter_names(model: nn.Module) -> list[str]:
+    return list(model.peft_config) if is_peft(model) else []
+
+
+def _activate(model: nn.Module, names: Sequence[str], trainable: str | None) -> None:
+    """Make `names` the active adapters (all summed) and freeze every parameter except `trainable`'s LoRA ones."""
+    model.base_model.set_adapter(list(names))
+    mark_trainable(model, trainable)
+
+
+def mark_trainable(model: nn.Module, adapter: str | None) -> list[str]:
+    """requires_grad only on LoRA parameters of `adapter` (by name prefix); returns their names."""
+    marker = f".{adapter}." if adapter else None
+    names = []
+    for name, param in model.named_parameters():
+        param.requires_grad = bool(marker) and "lora_" in name and (marker in name or name.endswith(f".{adapter}"))
+        if param.requires_grad:
+            names.append(name)
+    return names
+
+
+def lora_config(model: nn.Module, config: MethodConfig) -> Any:
+    from peft import LoraConfig
+
+    targets = list(config.lora_target_modules) if config.lora_target_modules else default_target_modules(model)
+    return LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                      bias="none", target_modules=targets, task_type="CAUSAL_LM")
+
+
+def attach_adapter(model: nn.Module, config: MethodConfig, name: str = "unlearn") -> nn.Module:
+    """A PeftModel with a fresh trainable LoRA adapter `name` on top of whatever stack `model` carries (frozen)."""
+    from peft import get_peft_model
+
+    if is_peft(model):
+        if name in model.peft_config:
+            raise ValueError(f"adapter name {name!r} is already in use")
+        model.add_adapter(name, lora_config(model.get_base_model(), config))
+    else:
+        model = get_peft_model(model, lora_config(model, config), adapter_name=name)
+    _activate(model, adapter_names(model), trainable=name)
+    return model
+
+
+def check_adapter_dir(path: str | Path) -> Path:
+    path = Path(path)
+    missing = [f for f in ADAPTER_FILES if not (path / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{path}: not a PEFT adapter directory (missing {', '.join(missing)})")
+    return path
+
+
+def load_stack(model: nn.Module, adapter_dirs: Sequence[str | Path]) -> nn.Module:
+    """`model` with each adapter dir loaded (in order, names stack0..), all active, every parameter frozen."""
+    from peft import PeftModel
+
+    if not adapter_dirs:
+        return model
+    names = []
+    for i, directory in enumerate(adapter_dirs):
+        directory, name = check_adapter_dir(directory), f"{STACK_PREFIX}{i}"
+        if is_peft(model):
+            model.load_adapter(str(directory), adapter_name=name, is_trainable=False)
+        else:
+            model = PeftModel.from_pretrained(model, str(directory), adapter_name=name, is_trainable=False)
+        names.append(name)
+    _activate(model, adapter_names(model), trainable=None)
+    return model
+
+
+def trainable_parameters(model: nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def save_adapter(model: nn.Module, out_dir: str | Path, name: str = "unlearn") -> Path:
+    """Write adapter `name` as a PEFT adapter dir (adapter_config.json + adapter_model.safetensors), top level.
+
+    PeftModel.save_pretrained puts non-default adapters in a sub-folder; we write the two files directly so
+    `PeftModel.from_pretrained(base, out_dir)` loads it as is.
+    """
+    from peft.utils import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = get_peft_model_state_dict(model, adapter_name=name)
+    state = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+    save_file(state, str(out_dir / "adapter_model.safetensors"), metadata={"format": "pt"})
+    config = model.peft_config[name]
+    config.save_pretrained(str(out_dir))
+    # peft records the adapter's own inference_mode; a saved adapter is loaded for inference by default.
+    cfg_path = out_dir / "adapter_config.json"
+    data = json.loads(cfg_path.read_text())
+    data["inference_mode"] = True
+    cfg_path.write_text(json.dumps(data, indent=2, sort_keys=True))
+    return out_dir
+
+
+def load_with_stack(model_ref: str | Path, adapter_dirs: Sequence[str | Path] = (),
+                    device: str | torch.device | None = None) -> tuple[nn.Module, Any]:
+    """(model in eval mode, tokenizer): base model plus the given adapters, all active, frozen."""
+    from blade_core.modeling import load_model_and_tokenizer, pick_device
+
+    model, tokenizer = load_model_and_tokenizer(model_ref, pick_device(device))
+    model = load_stack(model, adapter_dirs)
+    model.eval()
+    return model, tokenizer

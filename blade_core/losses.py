@@ -1,0 +1,157 @@
+"""Token losses of causal LMs, computed over chunks of positions so extra memory is O(chunk x V).
+
+Every loss takes the model's logits (B, T, V) and labels/mask (B, T) *unshifted*: position t predicts token
+t+1. The logits are flattened to a (B*T, V) view (no copy) and each position gets a weight: 1/n_counted where
+the next token is counted, else 0 (the last position of each row always 0). The per-position loss and its
+gradient are then computed by a custom autograd function chunk by chunk in fp32: the forward saves only the
+logits (the model's own tensor) and the weights, and the backward writes each chunk's gradient straight into
+the one (B*T, V) gradient buffer autograd needs anyway. So neither pass materialises an fp32 copy of the
+logits (a plain `log_softmax(logits.float())` would, and would keep it alive for backward).
+
+Departure from the paper: none in value; the chunking is purely a memory device (tested equal to the naive
+computation in value and gradient, `tests/test_engine_losses.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+DEFAULT_CHUNK = 256  # positions per chunk: 256 x 128k vocab x 4 bytes = 128 MiB of fp32 scratch at most
+
+
+def shift_weights(mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) 0/1 mask of counted *target* tokens -> (B*T,) per-position weights of the predicting positions,
+    each 1/n (mean over counted tokens); position t is weighted by mask[t+1], the last position by 0."""
+    weights = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    weights[:, :-1] = mask[:, 1:].to(torch.float32)
+    return (weights / weights.sum().clamp(min=1.0)).reshape(-1)
+
+
+def shift_targets(labels: torch.Tensor) -> torch.Tensor:
+    """(B, T) labels -> (B*T,) target of each position (the next label; -100 at the end of each row)."""
+    targets = torch.full_like(labels, IGNORE_INDEX)
+    targets[:, :-1] = labels[:, 1:]
+    return targets.reshape(-1)
+
+
+def _entropy_chunk(z: torch.Tensor, threshold: float, want_grad: bool = True):
+    """fp32 chunk (n, V) -> (loss (n,), dloss/dz (n, V) or None, entropy (n,)) of max(0, threshold - H(softmax z))."""
+    logp = F.log_softmax(z.float(), dim=-1)  # (n, V)
+    p = logp.exp()
+    entropy = -(p * logp).sum(-1)  # (n,)
+    if not want_grad:
+        return (threshold - entropy).clamp(min=0.0), None, entropy
+    active = (entropy < threshold).float()  # the deadzone: no gradient once H >= threshold
+    # d/dz_j [threshold - H] = p_j (log p_j + H)
+    grad = p.mul_(logp.add_(entropy[:, None])).mul_(active[:, None])
+    return (threshold - entropy).clamp(min=0.0), grad, entropy
+
+
+def _cross_entropy_chunk(z: torch.Tensor, target: torch.Tensor, want_grad: bool = True):
+    """fp32 chunk (n, V), targets (n,) -> (loss (n,), dloss/dz (n, V) or None) of -log softmax(z)[target]."""
+    logp = F.log_softmax(z.float(), dim=-1)  # (n, V)
+    safe = target.clamp(min=0)
+    loss = -logp.gather(1, safe[:, None]).squeeze(1)
+    valid = (target != IGNORE_INDEX).float()
+    if not want_grad:
+        return loss * valid, None
+    grad = logp.exp_()
+    grad[torch.arange(len(safe), device=z.device), safe] -= 1.0
+    return loss * valid, grad * valid[:, None]
+
+
+class _ChunkedTokenLoss(torch.autograd.Function):
+    """sum_i w_i * loss_i(logits_i) over positions i, evaluated in chunks of positions; see module docstring."""
+
+    @staticmethod
+    def forward(ctx, logits2d, weights, targets, kind, param, chunk):  # logits2d (N, V), weights (N,)
+        total = torch.zeros((), dtype=torch.float32, device=logits2d.device)
+        for start in range(0, logits2d.shape[0], chunk):
+            sl = slice(start, start + chunk)
+            with torch.no_grad():
+                if kind == "entropy":
+                    loss, _, _ = _entropy_chunk(logits2d[sl], param, want_grad=False)
+                else:
+                    loss, _ = _cross_entropy_chunk(logits2d[sl], targets[sl], want_grad=False)
+            total += (loss * weights[sl]).sum()
+        ctx.save_for_backward(logits2d, weights, targets)
+        ctx.kind, ctx.param, ctx.chunk = kind, param, chunk
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        logits2d, weights, targets = ctx.saved_tensors
+        grad = torch.empty_like(logits2d)  # (N, V) in the logits' dtype: the buffer autograd needs anyway
+        for start in range(0, logits2d.shape[0], ctx.chunk):
+            sl = slice(start, start + ctx.chunk)
+            if ctx.kind == "entropy":
+                _, g, _ = _entropy_chunk(logits2d[sl], ctx.param)
+            else:
+                _, g = _cross_entropy_chunk(logits2d[sl], targets[sl])
+            grad[sl] = (g * (weights[sl] * grad_out)[:, None]).to(grad.dtype)
+        return grad, None, None, None, None, None
+
+
+def _flat(logits: torch.Tensor) -> torch.Tensor:
+    return logits.reshape(-1, logits.shape[-1])  # (B*T, V), a view for contiguous logits
+
+
+def counted_mask(batch_labels: torch.Tensor, attention_mask: torch.Tensor,
+                 counted: Literal["all", "answer"] = "all") -> torch.Tensor:
+    """(B, T) mask of the tokens a forget loss counts: every non-padding token, or answer tokens only."""
+    return (batch_labels != IGNORE_INDEX) if counted == "answer" else attention_mask.bool()
+
+
+def clamped_entropy_loss(logits: torch.Tensor, mask: torch.Tensor, tau: float, *,
+                         chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
+    """BLADE forget loss (paper Eq. 3): L_fgt = mean_{t counted} max(0, tau*log V - H(p_t)),
+    H(p_t) = -sum_v p_t(v) log p_t(v) over the full vocabulary. Gradient is exactly zero once H >= tau*log V.
+
+    logits (B, T, V); mask (B, T) marks counted target tokens (see `counted_mask`). Extra memory O(chunk x V).
+    """
+    threshold = tau * math.log(logits.shape[-1])
+    weights = shift_weights(mask)
+    targets = torch.empty(0, dtype=torch.long, device=logits.device)
+    return _ChunkedTokenLoss.apply(_flat(logits), weights, targets, "entropy", threshold, chunk)
+
+
+def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, *, chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
+    """Retain loss: L_ret = mean_{t: label_t != -100} -log p_{t-1}(label_t) (next-token CE on labelled tokens).
+
+    logits (B, T, V); labels (B, T) with -100 on prompt/padding. Extra memory O(chunk x V).
+    """
+    weights = shift_weights(labels != IGNORE_INDEX)
+    return _ChunkedTokenLoss.apply(_flat(logits), weights, shift_targets(labels), "ce", 0.0, chunk)
+
+
+@torch.no_grad()
+def mean_token_entropy(logits: torch.Tensor, mask: torch.Tensor, *, chunk: int = DEFAULT_CHUNK) -> float:
+    """Mean over counted target tokens of H(p_t) / log V (1 = uniform), for monitoring; O(chunk x V) memory."""
+    flat, weights = _flat(logits), shift_weights(mask)
+    total = 0.0
+    for start in range(0, flat.shape[0], chunk):
+        _, _, entropy = _entropy_chunk(flat[start:start + chunk], 0.0, want_grad=False)
+        total += float((entropy * weights[start:start + chunk]).sum())
+    return total / math.log(logits.shape[-1])
+
+
+# Naive references (full fp32 copies): used by the tests and the benchmark, never by training.
+
+def clamped_entropy_loss_naive(logits: torch.Tensor, mask: torch.Tensor, tau: float) -> torch.Tensor:
+    """Reference of `clamped_entropy_loss` by plain autograd over the whole (B, T-1, V) tensor."""
+    logp = F.log_softmax(logits[:, :-1].float(), dim=-1)
+    entropy = -(logp.exp() * logp).sum(-1)  # (B, T-1)
+    m = mask[:, 1:].float()
+    per_token = (tau * math.log(logits.shape[-1]) - entropy).clamp(min=0.0)
+    return (per_token * m).sum() / m.sum().clamp(min=1.0)
+
+
+def token_cross_entropy_naive(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Reference of `token_cross_entropy` with F.cross_entropy."""
+    return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+                           ignore_index=IGNORE_INDEX)

@@ -1,0 +1,67 @@
+"""PDU (Entesari et al. 2025, "Constrained Entropic Unlearning: A Primal-Dual Framework for LLMs").
+
+Forgetting flattens the next-token distribution on the forget answers; retention is a constraint, not a weight:
+
+    min_theta  L_margin(D_f)   s.t.  NLL_theta(D_r) <= epsilon
+    Lagrangian: gamma * L_margin + lambda * (NLL_theta(D_r) - epsilon)
+    primal: one AdamW step on theta;  dual: lambda <- max(0, lambda + eta (NLL_theta(D_r) - epsilon))
+
+The dual update is symmetric (lambda falls as readily as it rises) and starts after a warm-up: OpenUnlearning's
+TOFU recipe waits 5 of its 10 epochs, here `dual_warmup_frac` of the steps. The step where the dual updates start
+is the run's T_trans (recorded as `phase` in the history). Departures: the margin loss averages over answer
+positions only (see `logit_margin_loss`); steps instead of epochs (see `_loop.py`). Run it:
+`blade unlearn --model M --forget F --retain R --out DIR --method pdu`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from blade_core.baseline_losses import logit_margin_loss, pdu_dual_update, token_mean_nll
+from blade_core.methods._loop import BaselineConfig, Batch, StepStats, forward, run_loop
+from blade_core.methods.base import Method, RunResult, UnlearnTask
+
+
+@dataclass
+class PDUConfig(BaselineConfig):
+    gamma: float = 1.0  # forget-loss weight (PDU community/methods/PDU/run.sh, TOFU: gamma=1)
+    lambda_init: float = 100.0  # initial retain multiplier (PDU run.sh, TOFU: alpha=pref=100)
+    epsilon: float = 0.3  # retain-loss bound (PDU run.sh, TOFU: retain_loss_eps=0.3)
+    dual_step_size: float = 5.0  # eta (PDU run.sh, TOFU: dual_step_size=5)
+    dual_warmup_frac: float = 0.5  # steps before dual updates start (PDU run.sh: 5 of 10 epochs)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.lambda_init < 0 or self.dual_step_size < 0:
+            raise ValueError("PDUConfig.lambda_init and dual_step_size must be >= 0")
+        if not 0.0 <= self.dual_warmup_frac <= 1.0:
+            raise ValueError(f"PDUConfig.dual_warmup_frac must be in [0, 1], got {self.dual_warmup_frac!r}")
+
+
+def train(task: UnlearnTask, config: PDUConfig) -> RunResult:
+    warmup_steps = int(math.ceil(config.dual_warmup_frac * config.max_steps))
+    state = {"lam": config.lambda_init, "step": 0}
+
+    def step(micro: Sequence[tuple[Batch, Batch]]) -> StepStats:
+        n, lam = len(micro), state["lam"]
+        fgt = ret = 0.0
+        for forget, retain in micro:
+            l_fgt = logit_margin_loss(forward(task.model, forget), forget["labels"])
+            l_ret = token_mean_nll(forward(task.model, retain), retain["labels"])
+            ((config.gamma * l_fgt + lam * (l_ret - config.epsilon)) / n).backward()
+            fgt += float(l_fgt.detach()) / n
+            ret += float(l_ret.detach()) / n
+        state["step"] += 1
+        dual = state["step"] > warmup_steps
+        if dual:
+            state["lam"] = pdu_dual_update(lam, ret, config.epsilon, config.dual_step_size)
+        return StepStats(L_fgt=fgt, L_ret=ret, lam=state["lam"], epsilon=config.epsilon, r=ret - config.epsilon,
+                         extra={"phase": "dual" if dual else "warmup", "T_trans": warmup_steps + 1})
+
+    return run_loop(task, config, step, name="pdu")
+
+
+METHOD = Method(name="pdu", config_class=PDUConfig, train=train,
+                summary="logit-margin flattening under a retain-loss constraint, primal-dual (full-parameter)")

@@ -1,0 +1,253 @@
+"""The one runner behind `blade unlearn`, the Celery worker and the benchmark.
+
+    run_unlearning(model="path/or/hub-id", forget="forget.json", retain="retain.json", out_dir=Path("adapter"))
+
+It builds the method's typed config (defaults <- preset <- overrides <- max_steps/seed), loads the base model
+and the frozen adapter stack, attaches the trainable LoRA adapter (or trains all weights when the config says
+`use_lora=False`), tokenises the data, hands an `UnlearnTask` to the method's loop, then writes the PEFT adapter
+dir (or a full model dir), `history.json` and `run.json`. With `hooks.checkpoint_dir` set, the loop saves
+checkpoints there and a second call with the same arguments resumes from the latest one.
+
+Precision: bf16 weights + gradient checkpointing on CUDA, fp32 on the CPU (where runs are deterministic).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import time
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from blade_core.methods import get_method
+from blade_core.methods.base import Hooks, MethodConfig, RunStatus
+
+
+@dataclass
+class RunOutput:
+    adapter_dir: Path  # the PEFT adapter dir, or the full model dir when the config had use_lora=False
+    history: list[dict[str, Any]]
+    status: RunStatus
+    message: str
+    config: dict[str, Any]
+    full_model: bool = False
+    elapsed_s: float = 0.0
+    peak_mem_mb: float | None = None  # CUDA peak allocated memory, when on CUDA
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("converged", "max_steps")
+
+
+# ---------------------------------------------------------------------------------------------- configuration
+
+def presets_of(method: str) -> dict[str, dict[str, Any]]:
+    """The named presets a method module exposes as `PRESETS` (empty when it has none)."""
+    import importlib
+
+    get_method(method)  # validates the name
+    return dict(getattr(importlib.import_module(f"blade_core.methods.{method}"), "PRESETS", {}))
+
+
+def _coerce(cls: type, name: str, annotation: Any, value: Any) -> Any:
+    """`value` (possibly a CLI string) as the type of field `name`; ValueError naming field and value."""
+    bad = ValueError(f"{cls.__name__}.{name}: cannot use {value!r} (expected {_type_name(annotation)})")
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", "")):
+            if type(None) in args:
+                return None
+            raise bad
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(cls, name, arg, value)
+            except ValueError:
+                continue
+        raise bad
+    if origin is typing.Literal:
+        if value in args:
+            return value
+        raise ValueError(f"{cls.__name__}.{name}: {value!r} is not one of {', '.join(map(repr, args))}")
+    if origin is tuple:
+        items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)):
+            raise bad
+        return tuple(str(v) for v in items)
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.strip().lower() in ("1", "true", "yes", "on")
+        raise bad
+    if annotation is int:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        try:
+            return int(str(value).strip())
+        except ValueError:
+            raise bad from None
+    if annotation is float:
+        if isinstance(value, bool):
+            raise bad
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise bad from None
+    if annotation is str:
+        return str(value)
+    return value
+
+
+def _type_name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+
+
+def config_fields(config_class: type[MethodConfig]) -> dict[str, Any]:
+    """Field name -> resolved type annotation of a method config dataclass."""
+    hints = typing.get_type_hints(config_class)
+    return {f.name: hints[f.name] for f in dataclasses.fields(config_class)}
+
+
+def build_config(method: str = "blade", preset: str | None = None, overrides: Mapping[str, Any] | None = None,
+                 max_steps: int | None = None, seed: int | None = None) -> MethodConfig:
+    """The method's typed config: defaults <- preset <- overrides <- max_steps/seed, validated.
+
+    Unknown keys and bad values raise ValueError naming the field and the value.
+    """
+    config_class = get_method(method).config_class
+    known = config_fields(config_class)
+    values: dict[str, Any] = {}
+    if preset is not None:
+        presets = presets_of(method)
+        if preset not in presets:
+            choices = ", ".join(presets) or "none"
+            raise ValueError(f"unknown preset {preset!r} for method {method!r}; choose one of: {choices}")
+        values.update(presets[preset])
+    for key, value in (overrides or {}).items():
+        if key not in known:
+            raise ValueError(f"unknown parameter {key!r} for method {method!r} (value {value!r}); "
+                             f"known parameters: {', '.join(sorted(known))}")
+        values[key] = value
+    if max_steps is not None:
+        values["max_steps"] = max_steps
+    if seed is not None:
+        values["seed"] = seed
+    coerced = {k: _coerce(config_class, k, known[k], v) for k, v in values.items()}
+    return config_class(**coerced)
+
+
+def config_to_dict(config: MethodConfig) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()}
+
+
+# ---------------------------------------------------------------------------------------------- the run
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _progress_hooks(hooks: Hooks, total: int) -> tuple[Hooks, Any]:
+    """Wrap `hooks` so every step also advances a tqdm bar showing step/T, lambda, L_fgt, L_ret."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, desc="unlearn", unit="step", dynamic_ncols=True)
+    user = hooks.on_step
+
+    def on_step(record: dict[str, Any]) -> None:
+        bar.n = record["step"]
+        post = {"L_fgt": f"{record['L_fgt']:.4f}", "L_ret": f"{record['L_ret']:.4f}"}
+        if "lambda" in record:
+            post = {"lambda": f"{record['lambda']:.3f}", **post}
+        bar.set_postfix(post, refresh=False)
+        bar.refresh()
+        if user is not None:
+            user(record)
+
+    return dataclasses.replace(hooks, on_step=on_step), bar
+
+
+def run_unlearning(*, model: str | Path, forget: str | Path, retain: str | Path, out_dir: Path,
+                   method: str = "blade", preset: str | None = None, adapters: Sequence[Path] = (),
+                   overrides: Mapping[str, Any] | None = None, max_steps: int | None = None, seed: int = 0,
+                   hooks: Hooks | None = None, device: str | None = None, progress: bool = False) -> RunOutput:
+    """Train one unlearning adapter on `model` + frozen `adapters`; write it, `history.json`, `run.json` to out_dir."""
+    import torch
+
+    from blade_core import lora
+    from blade_core.data import load_tokenized
+    from blade_core.methods.base import UnlearnTask
+    from blade_core.modeling import load_model_and_tokenizer, pick_device
+
+    config = build_config(method, preset, overrides, max_steps, seed)
+    adapters = [lora.check_adapter_dir(a) for a in adapters]
+    dev = pick_device(device)
+    started = time.time()
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+
+    base, tokenizer = load_model_and_tokenizer(model, dev)
+    forget_data = load_tokenized(forget, tokenizer, config.max_length)
+    retain_data = load_tokenized(retain, tokenizer, config.max_length)
+
+    seed_everything(config.seed)  # before the adapter's random init
+    net = lora.load_stack(base, adapters)
+    if config.use_lora:
+        net = lora.attach_adapter(net, config)
+    else:
+        if adapters:
+            net = net.merge_and_unload()  # full fine-tuning trains the merged weights
+        for p in net.parameters():
+            p.requires_grad = True
+    if dev.type == "cuda" and getattr(config, "gradient_checkpointing", True):
+        net.config.use_cache = False
+        net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    net.train()
+
+    hooks = hooks or Hooks()
+    bar = None
+    if progress:
+        hooks, bar = _progress_hooks(hooks, config.max_steps)
+    task = UnlearnTask(model=net, tokenizer=tokenizer, forget=forget_data, retain=retain_data, device=dev,
+                       hooks=hooks)
+    try:
+        result = get_method(method).train(task, config)
+    finally:
+        if bar is not None:
+            bar.close()
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if config.use_lora:
+        lora.save_adapter(net, out_dir)
+        what = f"PEFT adapter written to {out_dir}"
+    else:
+        net.save_pretrained(str(out_dir), safe_serialization=True)
+        tokenizer.save_pretrained(str(out_dir))
+        what = f"use_lora=False: a full model dir (not an adapter) written to {out_dir}"
+    message = f"{result.message} {what}".strip()
+    (out_dir / "history.json").write_text(json.dumps(result.history, indent=1))
+    peak = torch.cuda.max_memory_allocated(dev) / 2**20 if dev.type == "cuda" else None
+    output = RunOutput(adapter_dir=out_dir, history=result.history, status=result.status, message=message,
+                       config=config_to_dict(config), full_model=not config.use_lora,
+                       elapsed_s=time.time() - started, peak_mem_mb=peak)
+    run_info = {"method": method, "preset": preset, "base_model": str(model), "stack": [str(a) for a in adapters],
+                "forget": str(forget), "retain": str(retain), "status": output.status, "message": message,
+                "steps": len(result.history), "elapsed_s": round(output.elapsed_s, 3), "peak_mem_mb": peak,
+                "device": str(dev), "full_model": output.full_model, "config": output.config}
+    (out_dir / "run.json").write_text(json.dumps(run_info, indent=1))
+    return output

@@ -1,0 +1,451 @@
+"""The service commands: `blade up` (everything, embedded), `blade api` and `blade worker` (production
+processes, configured by BLADE_* environment variables), and the client verbs `blade submit`, `blade status`,
+`blade rollback` over HTTP.
+
+    blade up --port 8000 --data-dir ./var        # API + one Celery worker + SQLite + server-less broker
+    blade worker --queues unlearn                # a GPU worker: one task per child process, acks late
+    blade submit --base-model demo-tiny --forget f.jsonl --retain r.jsonl --set max_steps=20 --wait
+    blade rollback ad_... --reason "bad adapter"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+DEMO_MODEL_NAME = "demo-tiny"
+ADMIN_KEY_FILE = "admin-key"  # under the data dir, mode 0600: the key `blade up` generated on first start
+EMBEDDED_QUEUES = "unlearn,inference,maintenance"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("up", help="the whole service on embedded defaults (what `make run` starts)",
+                              description="API + one real Celery worker + SQLite + a server-less broker + "
+                                          "artifacts on local disk, with the demo base model `demo-tiny`.")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--data-dir", type=Path, default=Path("./var"))
+    p.add_argument("--demo-model", type=Path, default=None,
+                   help="a model dir to register as demo-tiny instead of building the demo model")
+    p.add_argument("--demo-data", type=Path, default=None,
+                   help="a TOFU-format dir for the printed first-request example (default: the demo world)")
+    p.set_defaults(func=run_up)
+
+    p = subparsers.add_parser("api", help="the API process (uvicorn), configured by BLADE_* variables")
+    p.add_argument("--host", default=None, help="default BLADE_HOST")
+    p.add_argument("--port", type=int, default=None, help="default BLADE_PORT")
+    p.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    p.set_defaults(func=run_api)
+
+    p = subparsers.add_parser("worker", help="a Celery worker process, configured by BLADE_* variables")
+    p.add_argument("--queues", default=EMBEDDED_QUEUES,
+                   help="comma-separated: unlearn (GPU training), inference, maintenance (the reconciler)")
+    p.add_argument("--concurrency", type=int, default=1, help="tasks at once (one per GPU: keep 1)")
+    p.add_argument("--pool", choices=("prefork", "threads", "solo"), default="prefork")
+    p.add_argument("--max-tasks-per-child", type=int, default=None,
+                   help="default 1 when the worker consumes the unlearn queue with the prefork pool")
+    p.add_argument("--beat", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the periodic reconciler schedule in this worker (default: when it consumes "
+                        "the maintenance queue)")
+    p.add_argument("--name", default=None, help="Celery node name (default ROLE@hostname)")
+    p.add_argument("--loglevel", default=None, help="default BLADE_LOG_LEVEL")
+    p.set_defaults(func=run_worker)
+
+    for name, func, helptext in (("submit", run_submit, "submit an unlearn request over HTTP"),
+                                 ("status", run_status, "show an unlearn request over HTTP"),
+                                 ("rollback", run_rollback, "disable (or --enable) an adapter version over HTTP")):
+        p = subparsers.add_parser(name, help=helptext)
+        p.add_argument("--url", default=None, help="the API (default BLADE_API_URL or http://BLADE_HOST:PORT)")
+        p.add_argument("--key", default=None, help="API key (default BLADE_API_KEY)")
+        if name == "submit":
+            p.add_argument("--base-model", required=True)
+            p.add_argument("--forget", required=True, help="a dataset id, or a file to upload first")
+            p.add_argument("--retain", required=True, help="a dataset id, or a file to upload first")
+            p.add_argument("--method", default=None)
+            p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a method parameter")
+            p.add_argument("--idempotency-key", default=None)
+            p.add_argument("--wait", action="store_true", help="poll until the request finishes")
+            p.add_argument("--timeout", type=float, default=3600.0)
+        elif name == "status":
+            p.add_argument("request_id")
+            p.add_argument("--events", action="store_true", help="also print the training dynamics")
+            p.add_argument("--wait", action="store_true")
+            p.add_argument("--timeout", type=float, default=3600.0)
+        else:
+            p.add_argument("adapter_id")
+            p.add_argument("--reason", required=True)
+            p.add_argument("--cascade", action="store_true", help="also disable adapters trained on top of it")
+            p.add_argument("--enable", action="store_true", help="restore the adapter instead")
+        p.set_defaults(func=func)
+
+
+# --- blade worker ---------------------------------------------------------------------------------------------
+
+
+def worker_argv(*, queues: list[str], concurrency: int, pool: str, max_tasks_per_child: int | None,
+                beat: bool | None, name: str | None, loglevel: str, schedule_file: Path | None = None) -> list[str]:
+    """The `celery worker` arguments for one blade worker (pure: tests read them)."""
+    from worker.names import Queue
+
+    if max_tasks_per_child is None and pool == "prefork" and Queue.UNLEARN.value in queues:
+        max_tasks_per_child = 1  # GPU memory goes back to the driver after every training run
+    if beat is None:
+        beat = Queue.MAINTENANCE.value in queues
+    role = "gpu" if queues == [Queue.UNLEARN.value] else "worker"
+    argv = ["worker", "--queues", ",".join(queues), "--concurrency", str(concurrency), "--pool", pool,
+            "--hostname", name or f"{role}@{socket.gethostname()}", "--loglevel", loglevel.upper(),
+            "--without-mingle", "--without-gossip"]
+    if max_tasks_per_child:
+        argv += ["--max-tasks-per-child", str(max_tasks_per_child)]
+    if beat:
+        argv.append("--beat")
+        if schedule_file is not None:
+            argv += ["--schedule", str(schedule_file)]
+    return argv
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    from cli.main import CliError
+    from persistence.settings import get_settings
+    from worker.names import ALL_QUEUES
+
+    settings = get_settings()
+    queues = [q.strip() for q in args.queues.split(",") if q.strip()]
+    unknown = [q for q in queues if q not in ALL_QUEUES]
+    if unknown or not queues:
+        raise CliError(f"--queues: unknown queue {unknown[0] if unknown else '(none)'!r}; "
+                       f"choose from {', '.join(ALL_QUEUES)}")
+    _configure_logging("worker", args.loglevel or settings.log_level)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    from worker.celery_app import app
+
+    argv = worker_argv(queues=queues, concurrency=args.concurrency, pool=args.pool,
+                       max_tasks_per_child=args.max_tasks_per_child, beat=args.beat, name=args.name,
+                       loglevel=args.loglevel or settings.log_level,
+                       schedule_file=(settings.data_dir / "celerybeat-schedule").resolve())
+    app.worker_main(argv)
+    return 0
+
+
+# --- blade api --------------------------------------------------------------------------------------------------
+
+
+def run_api(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from persistence.settings import get_settings
+
+    settings = get_settings()
+    _configure_logging("api", settings.log_level)
+    uvicorn.run("api.main:create_app", factory=True, host=args.host or settings.host, port=args.port or settings.port,
+                workers=args.workers, log_level=settings.log_level.lower(), log_config=None, proxy_headers=True)
+    return 0
+
+
+def _configure_logging(service: str, level: str) -> None:
+    try:
+        from persistence.jsonlog import configure_logging
+    except ImportError:  # pragma: no cover
+        return
+    configure_logging(service=service, level=level)
+
+
+# --- blade up ---------------------------------------------------------------------------------------------------
+
+
+def _say(message: str) -> None:
+    print(f"[blade up] {message}", file=sys.stderr, flush=True)
+
+
+def _prepare(settings: Any, demo_model: Path | None, *, save_key: bool) -> tuple[Path, bool]:
+    """Migrate the database, register demo-tiny, bootstrap the admin key; (model dir, key file newly written)."""
+    from cli.main import CliError
+    from persistence import auth, base_models
+    from persistence.db import session_factory, session_scope, upgrade_to_head
+
+    data_dir = settings.data_dir
+    _say(f"database: {settings.resolved_database_url()}")
+    upgrade_to_head(settings.resolved_database_url())
+    if demo_model is None:
+        from blade_core.demo import ensure_demo_model
+
+        _say("demo model: building it, or loading it from the cache (the first run trains it; progress below)")
+        model_dir = Path(ensure_demo_model(data_dir / "cache" / "demo", progress=True))
+    else:
+        model_dir = demo_model
+    model_dir = model_dir.resolve()
+    if not (model_dir / "config.json").is_file():
+        raise CliError(f"{model_dir}: not a model directory (no config.json)")
+    with session_scope(settings) as session:
+        model = base_models.ensure_registered(session, name=DEMO_MODEL_NAME, source=str(model_dir))
+        if model.source != str(model_dir):
+            _say(f"note: {DEMO_MODEL_NAME} stays registered with its first source {model.source}")
+    auth.bootstrap_admin_key(session_factory(settings), settings)
+    key_file = data_dir / ADMIN_KEY_FILE
+    if save_key and not key_file.exists():
+        key_file.write_text(settings.bootstrap_admin_key + "\n")
+        key_file.chmod(0o600)
+        return model_dir, True
+    return model_dir, False
+
+
+def _admin_key(data_dir: Path, given: str | None) -> str:
+    """BLADE_BOOTSTRAP_ADMIN_KEY when set, else the key generated on this data dir's first start (or a new one)."""
+    if given:
+        return given
+    key_file = data_dir / ADMIN_KEY_FILE
+    if key_file.is_file():
+        return key_file.read_text().strip()
+    return "blade_" + secrets.token_urlsafe(24)
+
+
+def _wait_http(url: str, procs: dict[str, subprocess.Popen], timeout: float) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for name, proc in procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"the {name} process exited with status {proc.returncode} while starting")
+        try:
+            if httpx.get(url, timeout=2).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} did not answer within {timeout:g} s")
+
+
+def _demo_files(data_dir: Path, model_dir: Path, demo_data: Path | None) -> tuple[Path, Path] | None:
+    """Forget and retain files for the printed example: the demo world's forget01/retain99 when found."""
+    candidates = [demo_data] if demo_data else []
+    candidates += [model_dir.parent / "data", model_dir / "data", data_dir / "cache" / "demo" / "data",
+                   data_dir / "cache" / "demo"]
+    try:
+        from blade_core import demo
+
+        for name in ("demo_data_dir", "DEMO_DATA_DIR"):
+            ref = getattr(demo, name, None)
+            if callable(ref):
+                candidates.insert(0, Path(ref(data_dir / "cache" / "demo")))
+            elif ref:
+                candidates.insert(0, Path(ref))
+    except ImportError:
+        pass
+    for cand in candidates:
+        if cand is None:
+            continue
+        for forget in ("forget01_perturbed.json", "forget01.json"):
+            if (cand / forget).is_file() and (cand / "retain99.json").is_file():
+                return (cand / forget).resolve(), (cand / "retain99.json").resolve()
+    return None
+
+
+def first_request_curl(url: str, key_expr: str, files: tuple[Path, Path] | None) -> str:
+    """A ready-to-paste shell sequence: upload forget + retain, submit, poll, generate."""
+    forget, retain = files if files else (Path("forget.jsonl"), Path("retain.jsonl"))
+    pick = "python3 -c 'import json,sys; print(json.load(sys.stdin)[\"id\"])'"
+    lines = [
+        f"KEY={key_expr}",
+        f"URL={url}",
+        f'F=$(curl -sf -H "Authorization: Bearer $KEY" -F file=@{shlex.quote(str(forget))} $URL/datasets | {pick})',
+        f'R=$(curl -sf -H "Authorization: Bearer $KEY" -F file=@{shlex.quote(str(retain))} $URL/datasets | {pick})',
+        'REQ=$(curl -sf -H "Authorization: Bearer $KEY" -H "Content-Type: application/json" '
+        f'-d "{{\\"base_model\\": \\"{DEMO_MODEL_NAME}\\", \\"forget_dataset\\": \\"$F\\", '
+        '\\"retain_dataset\\": \\"$R\\"}" ' f"$URL/unlearn-requests | {pick})",
+        'curl -s -H "Authorization: Bearer $KEY" $URL/unlearn-requests/$REQ; echo   # repeat until succeeded',
+        'curl -s -H "Authorization: Bearer $KEY" $URL/unlearn-requests/$REQ/metrics; echo',
+        f'curl -s -H "Authorization: Bearer $KEY" $URL/base-models/{DEMO_MODEL_NAME}/adapters; echo',
+    ]
+    return "\n".join(lines)
+
+
+def _stop(procs: dict[str, subprocess.Popen], grace: float = 15.0) -> None:
+    """SIGTERM every child's process group (API first, then the worker), SIGKILL what is left after `grace`."""
+    for proc in procs.values():
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace
+    for proc in procs.values():
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+
+def run_up(args: argparse.Namespace) -> int:
+    from cli.main import CliError
+    from persistence.settings import Settings, get_settings
+
+    data_dir = args.data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    given_key = get_settings().bootstrap_admin_key
+    key = _admin_key(data_dir, given_key)
+    settings = Settings(data_dir=data_dir, host=args.host, port=args.port, bootstrap_admin_key=key)
+    env = dict(os.environ)  # the children read the same settings from their environment
+    env.update({"BLADE_DATA_DIR": str(data_dir), "BLADE_HOST": args.host, "BLADE_PORT": str(args.port),
+                "BLADE_BOOTSTRAP_ADMIN_KEY": key, "PYTHONUNBUFFERED": "1"})
+    generated_here = not given_key
+
+    with socket.socket() as probe:
+        if probe.connect_ex((args.host, args.port)) == 0:
+            raise CliError(f"port {args.port} on {args.host} is already in use (is another `blade up` running?)")
+
+    model_dir, key_is_new = _prepare(settings, args.demo_model, save_key=generated_here)
+    url = f"http://{args.host}:{args.port}"
+    python = sys.executable
+    procs: dict[str, subprocess.Popen] = {}
+    stopping = {"flag": False}
+
+    def _terminate(signum: int, _frame: Any) -> None:
+        stopping["flag"] = True
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        # Each child in its own session: Ctrl-C reaches only us, and we stop them in order.
+        procs["api"] = subprocess.Popen([python, "-m", "cli.main", "api", "--host", args.host, "--port",
+                                         str(args.port)], env=env, start_new_session=True)
+        # One worker process for every queue. Threads (two of them) so a /generate call is answered while a
+        # training run is going; the production GPU worker instead runs prefork, one task per child.
+        procs["worker"] = subprocess.Popen([python, "-m", "cli.main", "worker", "--queues", EMBEDDED_QUEUES,
+                                            "--pool", "threads", "--concurrency", "2", "--beat",
+                                            "--name", f"embedded@{socket.gethostname()}"],
+                                           env=env, start_new_session=True)
+        _say("starting the API and the worker ...")
+        _wait_http(f"{url}/healthz", procs, timeout=120)
+        files = _demo_files(data_dir, model_dir, args.demo_data)
+        if key_is_new and generated_here:
+            key_line = f"admin key (generated, shown once; also in {data_dir / ADMIN_KEY_FILE}): {key}"
+            key_expr = shlex.quote(key)
+        elif generated_here:
+            key_line = f"admin key: the one generated on first start, in {data_dir / ADMIN_KEY_FILE}"
+            key_expr = f"$(cat {shlex.quote(str(data_dir / ADMIN_KEY_FILE))})"
+        else:
+            key_line = "admin key: BLADE_BOOTSTRAP_ADMIN_KEY"
+            key_expr = "$BLADE_BOOTSTRAP_ADMIN_KEY"
+        print(f"\nBLADE service ready at {url}   (API docs {url}/docs, dashboard {url}/dashboard)\n"
+              f"base model: {DEMO_MODEL_NAME} ({model_dir})\n{key_line}\n\n"
+              f"A first request (paste into a shell):\n\n{first_request_curl(url, key_expr, files)}\n\n"
+              f"Ctrl-C stops everything.\n", flush=True)
+        while True:
+            for name, proc in procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"the {name} process exited unexpectedly (status {proc.returncode})")
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        _say("stopping ...")
+        return 0
+    except RuntimeError as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        _stop(procs)
+        signal.signal(signal.SIGTERM, previous)
+
+
+# --- client verbs -----------------------------------------------------------------------------------------------
+
+
+def _client(args: argparse.Namespace):
+    from client import BladeClient
+    from persistence.settings import get_settings
+
+    settings = get_settings()
+    url = args.url or settings.api_url or f"http://{settings.host}:{settings.port}"
+    return BladeClient(url, api_key=args.key or settings.api_key)
+
+
+def _dataset_ref(client: Any, value: str) -> str:
+    path = Path(value)
+    if path.is_file():
+        return client.upload_dataset(path)["id"]
+    return value
+
+
+def _parse_sets(items: list[str]) -> dict[str, Any]:
+    from cli.main import CliError
+
+    params: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise CliError(f"--set {item!r}: expected KEY=VALUE")
+        key, raw = item.split("=", 1)
+        try:
+            params[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            params[key.strip()] = raw
+    return params
+
+
+def _print(doc: Any) -> None:
+    print(json.dumps(doc, indent=2, sort_keys=True, default=str))
+
+
+def _api_call(fn: Any) -> Any:
+    import httpx
+
+    from cli.main import CliError
+    from client import ApiError
+
+    try:
+        return fn()
+    except ApiError as exc:
+        raise CliError(f"the API answered {exc.status} {exc.code}: {exc.message}") from None
+    except httpx.HTTPError as exc:
+        raise CliError(f"cannot reach the API: {exc}") from None
+    except TimeoutError as exc:
+        raise CliError(str(exc)) from None
+
+
+def run_submit(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        def go() -> Any:
+            forget = _dataset_ref(client, args.forget)
+            retain = _dataset_ref(client, args.retain)
+            req = client.submit(args.base_model, forget, retain, method=args.method, params=_parse_sets(args.set),
+                                idempotency_key=args.idempotency_key)
+            return client.wait(req["id"], timeout=args.timeout) if args.wait else req
+
+        doc = _api_call(go)
+    _print(doc)
+    return 0 if doc.get("status") not in ("failed", "cancelled") else 1
+
+
+def run_status(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        def go() -> Any:
+            doc = client.wait(args.request_id, timeout=args.timeout) if args.wait else client.status(args.request_id)
+            if args.events:
+                doc = {**doc, "events": client.events(args.request_id)}
+            return doc
+
+        doc = _api_call(go)
+    _print(doc)
+    return 0
+
+
+def run_rollback(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        if args.enable:
+            doc = _api_call(lambda: client.enable(args.adapter_id, args.reason))
+        else:
+            doc = _api_call(lambda: client.disable(args.adapter_id, args.reason, cascade=args.cascade))
+    _print(doc)
+    return 0

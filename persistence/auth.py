@@ -1,0 +1,123 @@
+"""API keys: created random and shown once, stored as sha256, scoped (`submit`, `read`, `admin`) per tenant.
+
+The first start with `BLADE_BOOTSTRAP_ADMIN_KEY` set creates that key as an admin key of the `default`
+tenant (`bootstrap_admin_key`); later starts find it and change nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Iterable
+from datetime import timedelta
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from persistence import audit
+from persistence.errors import Conflict, Invalid, NotFound
+from persistence.models import ApiKey, Scope, Tenant, utcnow
+from persistence.settings import Settings
+
+DEFAULT_TENANT = "default"
+KEY_PREFIX = "blade_"
+_TOUCH_EVERY = timedelta(minutes=1)  # last_used_at is refreshed at most this often (reads stay read-only)
+
+
+def hash_key(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def generate_secret() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def actor_of(key: ApiKey) -> str:
+    """How a key appears in the audit log."""
+    return f"key:{key.id}"
+
+
+def normalise_scopes(scopes: Iterable[str]) -> list[str]:
+    """Known scopes, deduplicated, in a fixed order; Invalid naming the first unknown one."""
+    given = list(scopes)
+    known = [s.value for s in Scope]
+    for scope in given:
+        if scope not in known:
+            raise Invalid(f"scopes: unknown scope {scope!r}; choose from {', '.join(known)}", field="scopes")
+    if not given:
+        raise Invalid("scopes: at least one scope is needed", field="scopes")
+    return [s for s in known if s in given]
+
+
+def get_or_create_tenant(session: Session, *, name: str) -> Tenant:
+    tenant = session.scalars(select(Tenant).where(Tenant.name == name)).one_or_none()
+    if tenant is None:
+        tenant = Tenant(name=name)
+        session.add(tenant)
+        session.flush()
+    return tenant
+
+
+def create_key(session: Session, *, tenant: Tenant, name: str, scopes: Iterable[str], actor: str,
+               actor_key_id: str | None = None, secret: str | None = None) -> tuple[ApiKey, str]:
+    """A new key and its secret (shown once: only the sha256 is stored)."""
+    secret = secret or generate_secret()
+    key_hash = hash_key(secret)
+    if session.scalars(select(ApiKey.id).where(ApiKey.key_hash == key_hash)).first():
+        raise Conflict("that key already exists", code="key_exists")
+    key = ApiKey(tenant_id=tenant.id, name=name, key_hash=key_hash, prefix=secret[:12],
+                 scopes=normalise_scopes(scopes))
+    session.add(key)
+    session.flush()
+    audit.append(session, action="api_key.create", subject_type="api_key", subject_id=key.id, actor=actor,
+                 actor_key_id=actor_key_id, tenant_id=tenant.id, data={"name": name, "scopes": key.scopes})
+    return key, secret
+
+
+def authenticate(session: Session, secret: str) -> ApiKey | None:
+    """The live key with this secret, or None."""
+    if not secret:
+        return None
+    key = session.scalars(select(ApiKey).where(ApiKey.key_hash == hash_key(secret))).one_or_none()
+    if key is None or key.revoked_at is not None:
+        return None
+    now = utcnow()
+    if key.last_used_at is None or now - key.last_used_at > _TOUCH_EVERY:
+        key.last_used_at = now
+    return key
+
+
+def list_keys(session: Session, *, tenant_id: str) -> list[ApiKey]:
+    return list(session.scalars(select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.created_at)))
+
+
+def revoke_key(session: Session, *, tenant_id: str, key_id: str, actor: str,
+               actor_key_id: str | None = None) -> ApiKey:
+    key = session.get(ApiKey, key_id)
+    if key is None or key.tenant_id != tenant_id:
+        raise NotFound(f"no API key {key_id!r}")
+    if key.revoked_at is None:
+        key.revoked_at = utcnow()
+        audit.append(session, action="api_key.revoke", subject_type="api_key", subject_id=key.id, actor=actor,
+                     actor_key_id=actor_key_id, tenant_id=tenant_id)
+    return key
+
+
+def bootstrap_admin_key(session_factory, settings: Settings) -> ApiKey | None:
+    """Create `settings.bootstrap_admin_key` as an admin key of the default tenant unless it exists."""
+    secret = settings.bootstrap_admin_key
+    if not secret:
+        return None
+    with session_factory() as session:
+        try:
+            with session.begin():
+                key = session.scalars(select(ApiKey).where(ApiKey.key_hash == hash_key(secret))).one_or_none()
+                if key is None:
+                    tenant = get_or_create_tenant(session, name=DEFAULT_TENANT)
+                    key, _ = create_key(session, tenant=tenant, name="bootstrap admin",
+                                        scopes=[Scope.ADMIN.value], actor="system", secret=secret)
+            return key
+        except (IntegrityError, Conflict):  # another process created it at the same moment
+            with session.begin():
+                return session.scalars(select(ApiKey).where(ApiKey.key_hash == hash_key(secret))).one_or_none()

@@ -1,0 +1,254 @@
+"""Unlearn requests: validated creation with idempotency, reads, cancellation, and the worker's view of one.
+
+Everything a request refers to is checked before it is stored: the method exists, every parameter is a known
+config field of that method and in range (`blade_core.param_schema`, no torch), the base model is registered
+and visible to the tenant, both datasets exist and belong to the tenant. A failure raises `Invalid` naming the
+field and stores nothing.
+
+An `Idempotency-Key` makes a retry return the original request: the same key with the same body gives the same
+request (`created` False); the same key with a different body is a Conflict. Requests of one base model get
+`queue_seq` 1, 2, 3… in submission order under a row lock on the base model.
+
+Status changes made here are the client's: cancel (`queued -> cancelled` at once, `running`/`evaluating` ->
+`cancelling`, which the worker turns into `cancelled` at its next step). Terminal states never change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from blade_core.methods import METHOD_NAMES
+from blade_core.param_schema import ParamError, validate_params
+from persistence import audit
+from persistence.errors import Conflict, Invalid, NotFound
+from persistence.models import (
+    TERMINAL_STATUSES,
+    BaseModel,
+    Dataset,
+    RequestStatus,
+    TrainingEvent,
+    UnlearnRequest,
+    utcnow,
+)
+
+DEFAULT_METHOD = "blade"
+MAX_METADATA_BYTES = 16 * 1024
+
+
+def fingerprint(body: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
+
+
+def _by_idempotency_key(session: Session, tenant_id: str, key: str) -> UnlearnRequest | None:
+    query = select(UnlearnRequest).where(UnlearnRequest.tenant_id == tenant_id,
+                                         UnlearnRequest.idempotency_key == key)
+    return session.scalars(query).one_or_none()
+
+
+def _replay(existing: UnlearnRequest, fp: str) -> UnlearnRequest:
+    if existing.request_fingerprint != fp:
+        raise Conflict("Idempotency-Key was already used with a different request body",
+                       code="idempotency_key_reused", field="Idempotency-Key")
+    return existing
+
+
+def _dataset(session: Session, tenant_id: str, dataset_id: Any, field: str) -> Dataset:
+    if not isinstance(dataset_id, str) or not dataset_id:
+        raise Invalid(f"{field}: must be a dataset id", field=field)
+    dataset = session.get(Dataset, dataset_id)
+    if dataset is None or dataset.tenant_id != tenant_id:
+        raise Invalid(f"{field}: no dataset {dataset_id!r}", code="unknown_dataset", field=field)
+    return dataset
+
+
+def create_request(session: Session, *, tenant_id: str, base_model: str, forget_dataset: str,
+                   retain_dataset: str, method: str | None = None, params: dict[str, Any] | None = None,
+                   metadata: dict[str, Any] | None = None, idempotency_key: str | None = None, actor: str,
+                   actor_key_id: str | None = None) -> tuple[UnlearnRequest, bool]:
+    """(request, created): a new `queued` request, or the original one for a repeated Idempotency-Key."""
+    method = method or DEFAULT_METHOD
+    body = {"base_model": base_model, "forget_dataset": forget_dataset, "retain_dataset": retain_dataset,
+            "method": method, "params": params or {}, "metadata": metadata or {}}
+    fp = fingerprint(body)
+    if idempotency_key is not None:
+        if not 0 < len(idempotency_key) <= 255:
+            raise Invalid("Idempotency-Key: must be 1-255 characters", field="Idempotency-Key")
+        existing = _by_idempotency_key(session, tenant_id, idempotency_key)
+        if existing is not None:
+            return _replay(existing, fp), False
+
+    if method not in METHOD_NAMES:
+        raise Invalid(f"method: unknown method {method!r}; choose one of {', '.join(METHOD_NAMES)}",
+                      code="unknown_method", field="method")
+    try:
+        checked = validate_params(method, params)
+    except ParamError as exc:
+        raise Invalid(f"params.{exc.field}: {exc.message}", code="invalid_param",
+                      field=f"params.{exc.field}") from None
+    if metadata is not None and not isinstance(metadata, dict):
+        raise Invalid("metadata: must be an object", field="metadata")
+    if len(json.dumps(metadata or {}, default=str)) > MAX_METADATA_BYTES:
+        raise Invalid(f"metadata: at most {MAX_METADATA_BYTES} bytes of JSON", field="metadata")
+    model = session.scalars(
+        select(BaseModel).where(BaseModel.name == base_model,
+                                (BaseModel.tenant_id.is_(None)) | (BaseModel.tenant_id == tenant_id))
+        .with_for_update()  # serialises queue_seq numbering per base model
+    ).one_or_none()
+    if model is None:
+        raise Invalid(f"base_model: no base model {base_model!r} is registered", code="unknown_base_model",
+                      field="base_model")
+    forget = _dataset(session, tenant_id, forget_dataset, "forget_dataset")
+    retain = _dataset(session, tenant_id, retain_dataset, "retain_dataset")
+    if forget.id == retain.id:
+        raise Invalid("retain_dataset: must differ from forget_dataset", field="retain_dataset")
+
+    last_seq = session.scalar(select(func.max(UnlearnRequest.queue_seq))
+                              .where(UnlearnRequest.base_model_id == model.id)) or 0
+    request = UnlearnRequest(
+        tenant_id=tenant_id, base_model_id=model.id, forget_dataset_id=forget.id, retain_dataset_id=retain.id,
+        method=method, params=checked, meta=metadata or {}, idempotency_key=idempotency_key,
+        request_fingerprint=fp, queue_seq=last_seq + 1, status=RequestStatus.QUEUED,
+        total_steps=checked.get("max_steps"), created_by_key_id=actor_key_id)
+    try:
+        with session.begin_nested():
+            session.add(request)
+            session.flush()
+    except IntegrityError:
+        # Only a concurrent request with the same Idempotency-Key gets here (queue_seq is under the lock).
+        existing = _by_idempotency_key(session, tenant_id, idempotency_key) if idempotency_key else None
+        if existing is None:
+            raise
+        return _replay(existing, fp), False
+    audit.append(session, action="unlearn_request.create", subject_type="unlearn_request",
+                 subject_id=request.id, actor=actor, actor_key_id=actor_key_id, tenant_id=tenant_id,
+                 data={"base_model": model.name, "method": method, "params": checked,
+                       "forget_sha256": forget.sha256, "retain_sha256": retain.sha256,
+                       "queue_seq": request.queue_seq})
+    return request, True
+
+
+def get_request(session: Session, *, tenant_id: str | None, request_id: str) -> UnlearnRequest:
+    """The tenant's request (`tenant_id` None: any tenant's); NotFound otherwise."""
+    request = session.get(UnlearnRequest, request_id)
+    if request is None or (tenant_id is not None and request.tenant_id != tenant_id):
+        raise NotFound(f"no unlearn request {request_id!r}")
+    return request
+
+
+def list_requests(session: Session, *, tenant_id: str | None, status: RequestStatus | None = None,
+                  base_model: str | None = None, limit: int = 100, offset: int = 0) -> list[UnlearnRequest]:
+    """Newest first."""
+    query = select(UnlearnRequest).order_by(UnlearnRequest.created_at.desc(), UnlearnRequest.id)
+    if tenant_id is not None:
+        query = query.where(UnlearnRequest.tenant_id == tenant_id)
+    if status is not None:
+        query = query.where(UnlearnRequest.status == status)
+    if base_model is not None:
+        query = query.join(BaseModel, UnlearnRequest.base_model_id == BaseModel.id).where(
+            BaseModel.name == base_model)
+    return list(session.scalars(query.limit(limit).offset(offset)))
+
+
+def queue_position(session: Session, *, request: UnlearnRequest) -> int | None:
+    """How many unfinished requests of the same base model are ahead of a queued one (None once it left)."""
+    if request.status != RequestStatus.QUEUED:
+        return None
+    return session.scalar(select(func.count()).select_from(UnlearnRequest).where(
+        UnlearnRequest.base_model_id == request.base_model_id, UnlearnRequest.queue_seq < request.queue_seq,
+        UnlearnRequest.status.not_in(TERMINAL_STATUSES)))
+
+
+def list_events(session: Session, *, request_id: str, after_step: int | None = None,
+                limit: int | None = None) -> list[dict[str, Any]]:
+    """The request's history records in step order (optionally only steps after `after_step`)."""
+    query = select(TrainingEvent.record).where(TrainingEvent.request_id == request_id).order_by(TrainingEvent.step)
+    if after_step is not None:
+        query = query.where(TrainingEvent.step > after_step)
+    if limit is not None:
+        query = query.limit(limit)
+    return list(session.scalars(query))
+
+
+def cancel_request(session: Session, *, tenant_id: str, request_id: str, actor: str,
+                   actor_key_id: str | None = None, reason: str | None = None) -> UnlearnRequest:
+    """Cancel: queued -> cancelled now; running/evaluating -> cancelling. Conflict once it has finished."""
+    request = session.scalars(select(UnlearnRequest).where(UnlearnRequest.id == request_id)
+                              .with_for_update().execution_options(populate_existing=True)).one_or_none()
+    if request is None or request.tenant_id != tenant_id:
+        raise NotFound(f"no unlearn request {request_id!r}")
+    status = RequestStatus(request.status)
+    if status in (RequestStatus.CANCELLED, RequestStatus.CANCELLING):
+        return request  # already asked for: nothing changes
+    if status in TERMINAL_STATUSES:
+        raise Conflict(f"request {request_id} has already {status.value}; finished requests never change",
+                       code="already_finished")
+    now = utcnow()
+    request.cancel_requested_at = now
+    if status == RequestStatus.QUEUED:
+        request.status, request.finished_at = RequestStatus.CANCELLED, now
+    else:
+        request.status = RequestStatus.CANCELLING
+    audit.append(session, action="unlearn_request.cancel", subject_type="unlearn_request", subject_id=request.id,
+                 actor=actor, actor_key_id=actor_key_id, tenant_id=request.tenant_id, reason=reason,
+                 data={"from": status.value, "to": request.status.value})
+    return request
+
+
+# --- the worker's view -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DatasetRef:
+    id: str
+    name: str
+    storage_key: str
+    sha256: str
+    kind: str  # qa or text
+    format: str  # json, jsonl, json-lines-of-arrays, txt
+    rows: int
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """What a worker needs to run a request, detached from any session."""
+
+    request_id: str
+    tenant_id: str
+    status: RequestStatus
+    method: str
+    params: dict[str, Any]
+    metadata: dict[str, Any]
+    base_model_id: str
+    base_model_name: str
+    base_model_source: str
+    forget: DatasetRef
+    retain: DatasetRef
+    queue_seq: int
+    attempts: int
+    checkpoint_key: str | None
+    created_at: datetime
+
+
+def _ref(dataset: Dataset) -> DatasetRef:
+    return DatasetRef(id=dataset.id, name=dataset.name, storage_key=dataset.storage_key, sha256=dataset.sha256,
+                      kind=dataset.kind, format=dataset.format, rows=dataset.rows)
+
+
+def load_work_item(session: Session, *, request_id: str) -> WorkItem:
+    """The request with its base model and its datasets' storage keys; NotFound if there is no such request."""
+    request = get_request(session, tenant_id=None, request_id=request_id)
+    return WorkItem(
+        request_id=request.id, tenant_id=request.tenant_id, status=RequestStatus(request.status),
+        method=request.method, params=dict(request.params or {}), metadata=dict(request.meta or {}),
+        base_model_id=request.base_model_id, base_model_name=request.base_model.name,
+        base_model_source=request.base_model.source, forget=_ref(request.forget_dataset),
+        retain=_ref(request.retain_dataset), queue_seq=request.queue_seq, attempts=request.attempts,
+        checkpoint_key=request.checkpoint_key, created_at=request.created_at)

@@ -1,0 +1,61 @@
+"""The API's parameter table (blade_core/param_schema.py) against the engine's config dataclasses."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+
+import pytest
+
+from blade_core.methods import METHOD_NAMES
+from blade_core.param_schema import METHOD_PARAMS, NOT_TUNABLE, ParamError, validate_params
+
+
+def test_every_method_has_a_schema():
+    assert set(METHOD_PARAMS) == set(METHOD_NAMES)
+
+
+@pytest.mark.parametrize("method", METHOD_NAMES)
+def test_schema_matches_engine_config(method):
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("the engine needs torch")
+    from blade_core.methods import get_method
+
+    try:
+        config_class = get_method(method).config_class
+    except ModuleNotFoundError as exc:
+        pytest.skip(f"engine module not importable: {exc}")
+    fields = {f.name for f in dataclasses.fields(config_class)} - NOT_TUNABLE
+    assert set(METHOD_PARAMS[method]) == fields
+    defaults = {f.name: getattr(config_class(), f.name) for f in dataclasses.fields(config_class)
+                if f.name not in NOT_TUNABLE}
+    defaults = {k: list(v) if isinstance(v, tuple) else v for k, v in defaults.items()}
+    assert validate_params(method, defaults) == defaults  # every default is inside its declared range
+
+
+@pytest.mark.parametrize(("params", "field"), [
+    ({"tau": 0}, "tau"),
+    ({"tau": 1.5}, "tau"),
+    ({"max_steps": 0}, "max_steps"),
+    ({"max_steps": 2.5}, "max_steps"),
+    ({"max_steps": True}, "max_steps"),
+    ({"eps_mul": "big"}, "eps_mul"),
+    ({"eps_mul": float("nan")}, "eps_mul"),
+    ({"no_such_field": 1}, "no_such_field"),
+    ({"forget_tokens": "some"}, "forget_tokens"),
+    ({"lambda0": 0.05}, "lambda0"),
+    ({"use_lora": 1}, "use_lora"),
+])
+def test_bad_params_name_the_field(params, field):
+    with pytest.raises(ParamError) as info:
+        validate_params("blade", params)
+    assert info.value.field == field
+
+
+def test_good_params_pass_and_ints_normalise():
+    assert validate_params("blade", {"max_steps": 5.0, "tau": 0.6, "epsilon": None}) == {
+        "max_steps": 5, "tau": 0.6, "epsilon": None}
+    assert validate_params("npo", None) == {}
+    with pytest.raises(ParamError) as info:
+        validate_params("nope", {})
+    assert info.value.field == "method"
