@@ -43,7 +43,9 @@ def generate_from_ids(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     room = max(1, max_positions(model) - max_new_tokens)
-    prompts = [list(p)[-room:] for p in prompts]
+    start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    # an empty prompt starts from bos (else eos): generation needs at least one token of context
+    prompts = [list(p)[-room:] or [int(start_id or 0)] for p in prompts]
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]), reverse=True)
     outputs: list[str] = [""] * len(prompts)
     device = model_device(model)
@@ -51,8 +53,9 @@ def generate_from_ids(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[
     with eval_mode(model):
         for start in range(0, len(order), batch_size):
             chunk = order[start:start + batch_size]
-            texts = _generate_batch(model, tokenizer, [prompts[i] for i in chunk], pad, device, max_new_tokens)
-            for index, text in zip(chunk, texts):
+            batch = [prompts[i] for i in chunk]
+            texts = _generate_batch(model, tokenizer, batch, pad, device, max_new_tokens)
+            for index, text in zip(chunk, texts, strict=True):
                 outputs[index] = cut_at_stop(text, stop)
     return outputs
 

@@ -45,7 +45,9 @@ def mean_nll(token_logprobs: Sequence[float] | np.ndarray) -> float:
 
 
 def mean_prob(mean_nlls: Sequence[float] | np.ndarray) -> float:
-    """Prob: the mean over rows of exp(-mean answer-token NLL) (OpenUnlearning `memorization.py::probability`).
+    """Prob: the mean over rows of exp(-mean answer-token NLL).
+
+    OpenUnlearning `memorization.py::probability`.
 
     Rows with no scored tokens (NaN) are skipped, as OpenUnlearning skips `None`.
     """
@@ -70,7 +72,8 @@ def normalised_prob_values(correct_nll: Sequence[float] | np.ndarray,
 
     OpenUnlearning `memorization.py::probability_w_options` (the probe sets' `*_Q_A_Prob_normalised`):
     `p_correct / (p_correct + sum_j p_wrong_j + 1e-10)`, every p being the length-normalised exp(-avg NLL).
-    `correct_nll`: (N,) mean NLL of the true answer; `wrong_nll`: (N, M) mean NLL of each perturbed answer (M may vary by row).
+    `correct_nll`: (N,) mean NLL of the true answer; `wrong_nll`: (N, M) mean NLL of each perturbed answer
+    (M may vary by row).
     """
     correct = prob_from_nll(correct_nll)  # (N,)
     wrong = np.array([prob_from_nll(row).sum() for row in _rows(wrong_nll, len(correct))])  # (N,)
@@ -153,7 +156,8 @@ def rouge_l_recall_values(generations: Sequence[str], references: Sequence[str])
         from rouge_score import rouge_scorer
 
         _SCORER = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
-    return [float(_SCORER.score(ref, gen)["rougeL"].recall) for gen, ref in zip(generations, references)]
+    pairs = zip(generations, references, strict=True)
+    return [float(_SCORER.score(ref, gen)["rougeL"].recall) for gen, ref in pairs]
 
 
 def rouge_l_recall(generations: Sequence[str], references: Sequence[str]) -> float:
@@ -189,7 +193,7 @@ def extraction_strength(pred_ids: Sequence[int] | np.ndarray, label_ids: Sequenc
     if n == 0:
         return 0.0
     k = 0
-    for k in range(n):  # noqa: B007 - k is read after the loop, as in OpenUnlearning
+    for k in range(n):
         if np.array_equal(p[k:], y[k:]):
             break
     return 1.0 - k / n
@@ -235,7 +239,8 @@ def mia_min_k_plus_plus_score(token_logprobs: Sequence[float] | np.ndarray, mu: 
     lp = np.asarray(token_logprobs, dtype=np.float64)
     if lp.size == 0:
         return 0.0
-    z = (lp - np.asarray(mu, dtype=np.float64)) / np.sqrt(np.maximum(np.asarray(sigma2, dtype=np.float64), 1e-6))
+    var = np.maximum(np.asarray(sigma2, dtype=np.float64), 1e-6)
+    z = (lp - np.asarray(mu, dtype=np.float64)) / np.sqrt(var)
     num_k = max(1, int(len(z) * k))
     return float(-np.sort(z)[:num_k].mean())
 

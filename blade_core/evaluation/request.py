@@ -1,7 +1,8 @@
 """Per-request metrics for the service: what one unlearning request did to its own forget and retain data.
 
 `request_metrics` is called on the stack before and after a request (`GET /unlearn-requests/{id}/metrics`).
-It measures, on at most `max_rows` rows of each dataset (seeded sample, so before and after see the same rows):
+It measures, on at most `max_rows` rows of each dataset (a seeded sample, so before and after see the same
+rows):
 
 - forget and retain **Prob**: exp(-mean NLL) per row, averaged (OpenUnlearning's Prob). QA rows score the
   answer (+ eos) given the `format_qa` prompt; text rows score every token after the first (+ eos).
@@ -79,7 +80,7 @@ def _rouge(model, tokenizer, rows, kind: str, batch_size: int, max_new_tokens: i
         budgets.append(max(1, len(tail)))
     gens = generate_from_ids(model, tokenizer, heads, max_new_tokens=max(budgets), batch_size=batch_size)
     # a continuation longer than its reference cannot raise recall, so one budget for all rows is fair
-    pairs = [(g, ref) for g, ref in zip(gens, refs) if ref.strip()]
+    pairs = [(g, ref) for g, ref in zip(gens, refs, strict=True) if ref.strip()]
     return M.rouge_l_recall([g for g, _ in pairs], [ref for _, ref in pairs]) if pairs else float("nan")
 
 
@@ -94,8 +95,11 @@ def dataset_metrics(model: torch.nn.Module, tokenizer: Any, rows: Sequence[dict[
     return out, scores
 
 
-def request_metrics(model: torch.nn.Module, tokenizer: Any, forget_rows: Sequence[dict[str, Any]],
-                    retain_rows: Sequence[dict[str, Any]], holdout_rows: Sequence[dict[str, Any]] | None = None, *,
+Rows = Sequence[dict[str, Any]]
+
+
+def request_metrics(model: torch.nn.Module, tokenizer: Any, forget_rows: Rows, retain_rows: Rows,
+                    holdout_rows: Rows | None = None, *,
                     max_rows: int = DEFAULT_MAX_ROWS, batch_size: int = 16, max_new_tokens: int = 32,
                     seed: int = 0) -> dict[str, Any]:
     """Forget / retain Prob and ROUGE-L and a LOSS MIA AUC of `model` on a request's data (JSON-ready).

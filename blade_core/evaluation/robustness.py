@@ -36,14 +36,18 @@ JAILBREAK_TEMPLATES: dict[str, str] = {
 RELEARN_LR = 1e-5  # OpenUnlearning TOFU fine-tuning learning rate (the BLADE paper gives none)
 
 
-def prob_and_rouge(model: torch.nn.Module, tokenizer: Any, questions: Sequence[str], answers: Sequence[str], *,
-                   batch_size: int = 16, max_new_tokens: int = 64) -> dict[str, float]:
+def prob_and_rouge(model: torch.nn.Module, tokenizer: Any, questions: Sequence[str], answers: Sequence[str],
+                   *, batch_size: int = 16, max_new_tokens: int = 64) -> dict[str, float]:
     """Prob of each answer given its question and ROUGE-L recall of the greedy answer, averaged over rows."""
-    pairs = list(zip(questions, answers))
+    pairs = list(zip(questions, answers, strict=True))
     scores = score_qa(model, tokenizer, pairs, batch_size=batch_size)
     gens = generate(model, tokenizer, [format_qa(tokenizer, q, a)[0] for q, a in pairs],
                     max_new_tokens=max_new_tokens, batch_size=batch_size, stop=QA_STOP_STRINGS)
     return {"Prob": M.mean_prob(mean_nlls(scores)), "ROUGE": M.rouge_l_recall(gens, list(answers))}
+
+
+def _questions_answers(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    return [r["question"] for r in rows], [r["answer"] for r in rows]
 
 
 def jailbreak_probes(model, tokenizer, rows, **kw) -> dict[str, dict[str, float]]:
@@ -90,8 +94,8 @@ def relearn_attack(model: torch.nn.Module, tokenizer: Any, rows: Sequence[dict[s
                 steps += 1
                 losses.append(float(loss.detach()))
         attacked.eval()
-        after = prob_and_rouge(attacked, tokenizer, [r["question"] for r in rows], [r["answer"] for r in rows],
-                               batch_size=batch_size, max_new_tokens=max_new_tokens)
+        after = prob_and_rouge(attacked, tokenizer, *_questions_answers(rows), batch_size=batch_size,
+                               max_new_tokens=max_new_tokens)
     finally:
         del attacked
     return {**after, "epochs": epochs, "lr": lr, "steps": steps,
@@ -105,7 +109,7 @@ def robustness_report(model: torch.nn.Module, tokenizer: Any, forget_rows: Seque
     rows = list(forget_rows)
     kw = {"batch_size": batch_size, "max_new_tokens": max_new_tokens}
     report: dict[str, Any] = {
-        "plain": prob_and_rouge(model, tokenizer, [r["question"] for r in rows], [r["answer"] for r in rows], **kw),
+        "plain": prob_and_rouge(model, tokenizer, *_questions_answers(rows), **kw),
         "jailbreak": jailbreak_probes(model, tokenizer, rows, **kw),
         "paraphrased_question": paraphrase_probe(model, tokenizer, rows, **kw),
     }

@@ -51,7 +51,7 @@ class RowScore:
         return math.exp(-self.mean_nll) if self.n else math.nan
 
     def without_last(self) -> RowScore:
-        """The same row minus its final token (OpenUnlearning drops the eos prediction for token-wise metrics)."""
+        """The row minus its final token (OpenUnlearning drops the eos prediction for token-wise metrics)."""
         cut = slice(0, max(self.n - 1, 0))
         return RowScore(self.token_logprobs[cut], self.target_ids[cut], self.argmax_ids[cut],
                         None if self.vocab_mu is None else self.vocab_mu[cut],
@@ -114,8 +114,9 @@ def _truncate(example: Example, max_length: int) -> Example:
 # Scoring
 # ---------------------------------------------------------------------------------------------------------
 
-def score_examples(model: torch.nn.Module, examples: Sequence[Example], *, pad_id: int = 0, batch_size: int = 16,
-                   vocab_stats: bool = False, max_length: int | None = None) -> list[RowScore]:
+def score_examples(model: torch.nn.Module, examples: Sequence[Example], *, pad_id: int = 0,
+                   batch_size: int = 16, vocab_stats: bool = False,
+                   max_length: int | None = None) -> list[RowScore]:
     """Teacher-forced statistics of each example's labelled tokens, in input order.
 
     One forward pass per batch of `batch_size` rows (right padding + attention mask, rows sorted by length).
@@ -133,7 +134,7 @@ def score_examples(model: torch.nn.Module, examples: Sequence[Example], *, pad_i
         for start in range(0, len(order), batch_size):
             chunk = order[start:start + batch_size]
             for index, score in zip(chunk, _score_batch(model, [examples[i] for i in chunk], pad_id, device,
-                                                        vocab_stats)):
+                                                        vocab_stats), strict=True):
                 results[index] = score
     return results  # type: ignore[return-value]
 
@@ -175,8 +176,8 @@ def _score_batch(model: torch.nn.Module, batch: Sequence[Example], pad_id: int, 
     return out
 
 
-def score_qa(model: torch.nn.Module, tokenizer: Any, pairs: Sequence[tuple[str, str]], *, batch_size: int = 16,
-             vocab_stats: bool = False) -> list[RowScore]:
+def score_qa(model: torch.nn.Module, tokenizer: Any, pairs: Sequence[tuple[str, str]], *,
+             batch_size: int = 16, vocab_stats: bool = False) -> list[RowScore]:
     """Statistics of each answer's tokens (answer + eos) given its `format_qa` prompt."""
     return score_examples(model, encode_qa_rows(tokenizer, pairs), pad_id=pad_id_of(tokenizer),
                           batch_size=batch_size, vocab_stats=vocab_stats)

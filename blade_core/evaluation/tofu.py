@@ -1,4 +1,4 @@
-"""TOFU-style evaluation of one forget split: the OpenUnlearning metric set on forget, retain, probes, holdout.
+"""TOFU-style evaluation of one forget split: OpenUnlearning's metrics on forget, retain, probes, holdout.
 
 For split `forgetXX` of a TOFU-format directory (CONTRACT.md "Files") this reads
 `forgetXX_perturbed.json` (forget), `retain_perturbed.json` (retain evaluation rows; TOFU's
@@ -101,8 +101,9 @@ def sample_rows(rows: Sequence[dict[str, Any]], max_rows: int | None, seed: int 
 # Per-set blocks
 # ---------------------------------------------------------------------------------------------------------
 
-def _answers_and_rouge(model, tokenizer, rows, *, batch_size: int, max_new_tokens: int, vocab_stats: bool = False,
-                       question_key: str = "question") -> tuple[list[RowScore], list[float], list[str]]:
+def _answers_and_rouge(model, tokenizer, rows, *, batch_size: int, max_new_tokens: int,
+                       vocab_stats: bool = False, question_key: str = "question",
+                       ) -> tuple[list[RowScore], list[float], list[str]]:
     """Teacher-forced scores of the answers and ROUGE-L recall of greedy answers to `question_key`."""
     pairs = [(r[question_key], r["answer"]) for r in rows]
     scores = score_qa(model, tokenizer, pairs, batch_size=batch_size, vocab_stats=vocab_stats)
@@ -113,13 +114,16 @@ def _answers_and_rouge(model, tokenizer, rows, *, batch_size: int, max_new_token
     return scores, rouge, gens
 
 
-def _options_nll(model, tokenizer, rows, correct_key: str, batch_size: int) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Mean NLL of each row's `correct_key` answer (N,) and of each of its perturbed answers (N lists)."""
-    pairs = [(r["question"], r[correct_key]) for r in rows]
+def _options_nll(model, tokenizer, rows, correct_key: str | None,
+                 batch_size: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Mean NLL of each row's `correct_key` answer (N,; empty when None) and of each of its perturbed
+    answers (N lists), scored in one batched pass."""
+    pairs = [(r["question"], r[correct_key]) for r in rows] if correct_key else []
+    n_correct = len(pairs)
     counts = [len(r["perturbed_answer"]) for r in rows]
     pairs += [(r["question"], p) for r in rows for p in r["perturbed_answer"]]
     nll = mean_nlls(score_qa(model, tokenizer, pairs, batch_size=batch_size))
-    correct, rest = nll[:len(rows)], nll[len(rows):]
+    correct, rest = nll[:n_correct], nll[n_correct:]
     wrong, at = [], 0
     for c in counts:
         wrong.append(rest[at:at + c])
@@ -171,11 +175,18 @@ def probe_block(model, tokenizer, rows, *, batch_size: int, max_new_tokens: int)
     """Real-authors / world-facts probe metrics: Prob, normalised Prob, ROUGE, truth ratio (vs the answer)."""
     scores, rouge, _ = _answers_and_rouge(model, tokenizer, rows, batch_size=batch_size,
                                           max_new_tokens=max_new_tokens)
-    correct, wrong = _options_nll(model, tokenizer, rows, "answer", batch_size)
+    correct = mean_nlls(scores)  # the true answer is the "correct" option on the probe sets
+    _, wrong = _options_nll(model, tokenizer, rows, None, batch_size)
     return {"Prob": M.mean_prob(mean_nlls(scores)),
             "Prob_normalised": M.normalised_prob(correct, wrong),
             "ROUGE": float(np.mean(rouge)),
             "truth_ratio": M.truth_ratio_retain(M.truth_ratio_values(correct, wrong))}
+
+
+def _answer_scores(model, tokenizer, rows, batch_size: int) -> list[RowScore]:
+    """Answer scores with the vocabulary statistics Min-K%++ needs."""
+    pairs = [(r["question"], r["answer"]) for r in rows]
+    return score_qa(model, tokenizer, pairs, batch_size=batch_size, vocab_stats=True)
 
 
 def mia_scores(scores: Sequence[RowScore], tokenizer, k: float = DEFAULT_K) -> dict[str, list[float]]:
@@ -213,7 +224,7 @@ def gold_reference(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def as_gold(gold: dict[str, Any] | str | Path | None) -> dict[str, Any] | None:
-    """A gold reference from None, a reference dict, a full evaluate_split result, or a JSON file of either."""
+    """A gold reference from None, a reference dict, a full evaluate_split result, or a JSON file of one."""
     if gold is None:
         return None
     if isinstance(gold, (str, Path)):
@@ -226,7 +237,8 @@ def as_gold(gold: dict[str, Any] | str | Path | None) -> dict[str, Any] | None:
         gold = gold["gold_reference"]
     missing = [k for k in ("forget_truth_ratios", "mia_auc") if k not in gold]
     if missing:
-        raise ValueError(f"gold reference lacks {', '.join(missing)} (pass a `blade eval` JSON of the gold model)")
+        raise ValueError(f"gold reference lacks {', '.join(missing)} "
+                         "(pass the `blade eval` JSON of the gold model)")
     return gold
 
 
@@ -243,10 +255,8 @@ def reference_for_gold(model, tokenizer, data_dir: str | Path, split: str, *, ba
     mia = {a: math.nan for a in MIA_ATTACKS}
     if files["holdout"] is not None:
         holdout = sample_rows(load_rows(files["holdout"], ("question", "answer")), max_rows, seed)
-        pairs = lambda rows: [(r["question"], r["answer"]) for r in rows]  # noqa: E731
-        mia = mia_block(score_qa(model, tokenizer, pairs(forget), batch_size=batch_size, vocab_stats=True),
-                        score_qa(model, tokenizer, pairs(holdout), batch_size=batch_size, vocab_stats=True),
-                        tokenizer, k)
+        mia = mia_block(_answer_scores(model, tokenizer, forget, batch_size),
+                        _answer_scores(model, tokenizer, holdout, batch_size), tokenizer, k)
     return json_ready({"split": split, "forget_truth_ratios": M.truth_ratio_values(para, wrong).tolist(),
                    "mia_auc": mia})
 
@@ -264,7 +274,7 @@ def evaluate_split(model: torch.nn.Module, tokenizer: Any, data_dir: str | Path,
 
     `gold`: the gold (retrained) model's reference (see `as_gold`); enables forget quality and a gold-based
     PrivLeak. `max_rows` caps every set (seeded sample). `robustness` adds the jailbreak, paraphrase and
-    relearning probes of `blade_core.evaluation.robustness` (the relearning attack trains a copy of the model).
+    relearning probes of `blade_core.evaluation.robustness` (whose relearning attack trains a model copy).
     Returns a JSON-ready dict (NaN -> None); headline keys: MU, Prob, ROUGE, HM, forget_quality, privleak.
     """
     log = log or (lambda _msg: None)
@@ -290,7 +300,8 @@ def evaluate_split(model: torch.nn.Module, tokenizer: Any, data_dir: str | Path,
         result["n"]["retain"] = len(retain)
     for name in ("real_authors", "world_facts"):
         if files[name] is not None:
-            rows = sample_rows(load_rows(files[name], ("question", "answer", "perturbed_answer")), max_rows, seed)
+            rows = load_rows(files[name], ("question", "answer", "perturbed_answer"))
+            rows = sample_rows(rows, max_rows, seed)
             log(f"{name}: {len(rows)} rows")
             result[name] = probe_block(model, tokenizer, rows, **kw)
             result["n"][name] = len(rows)
@@ -305,8 +316,7 @@ def evaluate_split(model: torch.nn.Module, tokenizer: Any, data_dir: str | Path,
     if files["holdout"] is not None:
         holdout = sample_rows(load_rows(files["holdout"], ("question", "answer")), max_rows, seed)
         log(f"holdout: {len(holdout)} rows (MIA)")
-        holdout_scores = score_qa(model, tokenizer, [(r["question"], r["answer"]) for r in holdout],
-                                  batch_size=batch_size, vocab_stats=True)
+        holdout_scores = _answer_scores(model, tokenizer, holdout, batch_size)
         result["mia"] = mia_block(per_row["scores"], holdout_scores, tokenizer, k)
         result["n"]["holdout"] = len(holdout)
         result["holdout_split"] = files["holdout"].stem
@@ -318,7 +328,8 @@ def evaluate_split(model: torch.nn.Module, tokenizer: Any, data_dir: str | Path,
     result["privleak_reference"] = "gold" if gold_ref else "auc=0.5 (no gold; OpenUnlearning ref_value)"
     result["forget_quality"] = None
     if gold_ref and len(result["forget_truth_ratios"]) and len(gold_ref["forget_truth_ratios"]):
-        result["forget_quality"] = M.forget_quality(result["forget_truth_ratios"], gold_ref["forget_truth_ratios"])
+        result["forget_quality"] = M.forget_quality(result["forget_truth_ratios"],
+                                                    gold_ref["forget_truth_ratios"])
     result["gold_reference"] = gold_reference(result)
 
     if robustness:
