@@ -1,6 +1,6 @@
 """Dependency aliases for route handlers: `SessionDep`, `SettingsDep`, `CurrentKey`, and scoped keys.
 
-    def handler(session: SessionDep, key: ReadKey) -> ...     # 401 without a valid key, 403 without `read`
+def handler(session: SessionDep, key: ReadKey) -> ...     # 401 without a valid key, 403 without `read`
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ CurrentKey = Annotated[ApiKey, Depends(current_key)]
 
 
 def require_scope(scope: Scope):
-    """A dependency that returns the caller's key when it has `scope` (admin has every scope); 403 otherwise."""
+    """A dependency that returns the caller's key if it has `scope` (admin has all); else 403."""
 
     def check(key: CurrentKey) -> ApiKey:
         if not key.has_scope(scope):

@@ -1,4 +1,4 @@
-"""Pydantic v2 models at the HTTP edge: what clients send (`...In`, unknown fields refused) and get (`...Out`)."""
+"""Pydantic v2 models at the HTTP edge: what clients send (`...In`, no unknown fields) and get."""
 
 from __future__ import annotations
 
@@ -40,8 +40,16 @@ class DatasetOut(Schema):
 
     @classmethod
     def of(cls, d: models.Dataset) -> DatasetOut:
-        return cls(id=d.id, name=d.name, sha256=d.sha256, rows=d.rows, format=d.format, kind=d.kind,
-                   size_bytes=d.size_bytes, created_at=d.created_at)
+        return cls(
+            id=d.id,
+            name=d.name,
+            sha256=d.sha256,
+            rows=d.rows,
+            format=d.format,
+            kind=d.kind,
+            size_bytes=d.size_bytes,
+            created_at=d.created_at,
+        )
 
 
 # --- base models ------------------------------------------------------------------------------------------
@@ -64,8 +72,14 @@ class BaseModelOut(Schema):
 
     @classmethod
     def of(cls, m: models.BaseModel) -> BaseModelOut:
-        return cls(id=m.id, name=m.name, source=m.source, description=m.description, shared=m.tenant_id is None,
-                   created_at=m.created_at)
+        return cls(
+            id=m.id,
+            name=m.name,
+            source=m.source,
+            description=m.description,
+            shared=m.tenant_id is None,
+            created_at=m.created_at,
+        )
 
 
 class GenerateIn(StrictIn):
@@ -88,8 +102,11 @@ class UnlearnRequestIn(StrictIn):
     forget_dataset: str = Field(description="dataset id")
     retain_dataset: str = Field(description="dataset id")
     method: str | None = Field(default=None, description="default: blade", examples=["blade"])
-    params: dict[str, Any] | None = Field(default=None, description="overrides of the method's config fields",
-                                          examples=[{"max_steps": 50, "tau": 0.7}])
+    params: dict[str, Any] | None = Field(
+        default=None,
+        description="overrides of the method's config fields",
+        examples=[{"max_steps": 50, "tau": 0.7}],
+    )
     metadata: dict[str, Any] | None = Field(default=None, description="yours, stored and returned as given")
 
 
@@ -130,13 +147,28 @@ class UnlearnRequestOut(Schema):
             fraction = 1.0
         error = ErrorInfo(code=r.error_code, message=r.error_message or "") if r.error_code else None
         return cls(
-            id=r.id, status=r.status, base_model=r.base_model.name, forget_dataset=r.forget_dataset_id,
-            retain_dataset=r.retain_dataset_id, method=r.method, params=r.params or {}, metadata=r.meta or {},
-            idempotency_key=r.idempotency_key, progress=Progress(step=r.step, total_steps=total, fraction=fraction),
-            adapter_id=r.adapter_id, error=error, run_status=r.run_status, attempts=r.attempts,
-            queue_seq=r.queue_seq, queue_position=queue_position, created_at=r.created_at,
-            updated_at=r.updated_at, started_at=r.started_at, finished_at=r.finished_at,
-            cancel_requested_at=r.cancel_requested_at)
+            id=r.id,
+            status=r.status,
+            base_model=r.base_model.name,
+            forget_dataset=r.forget_dataset_id,
+            retain_dataset=r.retain_dataset_id,
+            method=r.method,
+            params=r.params or {},
+            metadata=r.meta or {},
+            idempotency_key=r.idempotency_key,
+            progress=Progress(step=r.step, total_steps=total, fraction=fraction),
+            adapter_id=r.adapter_id,
+            error=error,
+            run_status=r.run_status,
+            attempts=r.attempts,
+            queue_seq=r.queue_seq,
+            queue_position=queue_position,
+            created_at=r.created_at,
+            updated_at=r.updated_at,
+            started_at=r.started_at,
+            finished_at=r.finished_at,
+            cancel_requested_at=r.cancel_requested_at,
+        )
 
 
 class CancelIn(StrictIn):
@@ -174,12 +206,25 @@ class AdapterOut(Schema):
 
     @classmethod
     def of(cls, a: models.AdapterVersion, *, stale: bool) -> AdapterOut:
-        return cls(id=a.id, base_model=a.base_model.name, version=a.version, state=a.state, request_id=a.request_id,
-                   method=a.method, sha256=a.sha256, size_bytes=a.size_bytes, forget_sha256=a.forget_sha256,
-                   retain_sha256=a.retain_sha256, hyperparameters=a.hyperparameters or {},
-                   parent_stack=list(a.parent_stack or []), trained_on_stale=stale, created_at=a.created_at,
-                   state_changed_at=a.state_changed_at, state_changed_by=a.state_changed_by,
-                   state_reason=a.state_reason)
+        return cls(
+            id=a.id,
+            base_model=a.base_model.name,
+            version=a.version,
+            state=a.state,
+            request_id=a.request_id,
+            method=a.method,
+            sha256=a.sha256,
+            size_bytes=a.size_bytes,
+            forget_sha256=a.forget_sha256,
+            retain_sha256=a.retain_sha256,
+            hyperparameters=a.hyperparameters or {},
+            parent_stack=list(a.parent_stack or []),
+            trained_on_stale=stale,
+            created_at=a.created_at,
+            state_changed_at=a.state_changed_at,
+            state_changed_by=a.state_changed_by,
+            state_reason=a.state_reason,
+        )
 
 
 class DisableIn(StrictIn):
@@ -194,7 +239,9 @@ class EnableIn(StrictIn):
 class StateChangeOut(Schema):
     adapter: AdapterOut
     changed: bool
-    flagged: list[AdapterOut] = Field(description="later adapters now on a different stack than they trained on")
+    flagged: list[AdapterOut] = Field(
+        description="later adapters now on a different stack than they trained on"
+    )
     cascaded: list[str] = Field(description="ids disabled along with it (cascade)")
 
 
@@ -217,9 +264,20 @@ class AuditEntryOut(Schema):
 
     @classmethod
     def of(cls, e: models.AuditEntry) -> AuditEntryOut:
-        return cls(id=e.id, created_at=e.created_at, tenant_id=e.tenant_id, actor=e.actor,
-                   actor_key_id=e.actor_key_id, action=e.action, subject_type=e.subject_type,
-                   subject_id=e.subject_id, reason=e.reason, data=e.data or {}, prev_hash=e.prev_hash, hash=e.hash)
+        return cls(
+            id=e.id,
+            created_at=e.created_at,
+            tenant_id=e.tenant_id,
+            actor=e.actor,
+            actor_key_id=e.actor_key_id,
+            action=e.action,
+            subject_type=e.subject_type,
+            subject_id=e.subject_id,
+            reason=e.reason,
+            data=e.data or {},
+            prev_hash=e.prev_hash,
+            hash=e.hash,
+        )
 
 
 class ChainOut(Schema):
@@ -234,8 +292,11 @@ class ChainOut(Schema):
 class ApiKeyIn(StrictIn):
     name: str = Field(min_length=1, max_length=100)
     scopes: list[str] = Field(min_length=1, examples=[["submit", "read"]])
-    tenant: str | None = Field(default=None, max_length=100,
-                               description="another tenant's name (created if new); only the default tenant's admins")
+    tenant: str | None = Field(
+        default=None,
+        max_length=100,
+        description="another tenant's name (created if new); only the default tenant's admins",
+    )
 
 
 class ApiKeyOut(Schema):
@@ -250,8 +311,16 @@ class ApiKeyOut(Schema):
 
     @classmethod
     def of(cls, k: models.ApiKey) -> ApiKeyOut:
-        return cls(id=k.id, name=k.name, prefix=k.prefix, scopes=list(k.scopes), tenant=k.tenant.name,
-                   created_at=k.created_at, last_used_at=k.last_used_at, revoked_at=k.revoked_at)
+        return cls(
+            id=k.id,
+            name=k.name,
+            prefix=k.prefix,
+            scopes=list(k.scopes),
+            tenant=k.tenant.name,
+            created_at=k.created_at,
+            last_used_at=k.last_used_at,
+            revoked_at=k.revoked_at,
+        )
 
 
 class ApiKeyCreated(ApiKeyOut):

@@ -196,77 +196,68 @@ def prepare_synthetic(root: Path, settings: BenchSettings, splits: Sequence[str]
 
 
 def _load(model_dir: Path, device):
-    from blade_core.modeling import load_model_and_tokenizer
+    from blade_core.lora import load_with_stack
 
-    return load_model_and_tokenizer(model_dir, device)
+    return load_with_stack(model_dir, (), device)
 
 
 # --- one run --------------------------------------------------------------------------------------------------
 
 
-def method_config(method: str, plan: BenchPlan, seed: int):
-    """The method's own config with the bench-wide settings (and nothing else) replaced."""
+def method_overrides(method: str, plan: BenchPlan) -> dict[str, Any]:
+    """The bench-wide config fields every method gets (and any explicit per-method overrides of the plan)."""
     from blade_core.methods import get_method
+    from blade_core.unlearn import config_fields
 
-    spec = get_method(method)
-    fields = {"max_steps": plan.settings.max_steps, "batch_size": plan.settings.batch_size,
-              "max_length": plan.settings.max_length, "seed": seed, **plan.overrides.get(method, {})}
-    known = set(spec.config_class.__dataclass_fields__)
-    if "show_progress" in known:
-        fields["show_progress"] = plan.progress
-    return spec, spec.config_class(**{k: v for k, v in fields.items() if k in known})
+    known = config_fields(get_method(method).config_class)
+    fields = {"batch_size": plan.settings.batch_size, "max_length": plan.settings.max_length,
+              "show_progress": plan.progress, **plan.overrides.get(method, {})}
+    return {k: v for k, v in fields.items() if k in known}
 
 
 def run_one(plan: BenchPlan, method: str, split: str, seed: int, gold_ref: dict[str, Any] | None,
             log: Log) -> dict[str, Any]:
-    """Train one method on one split with one seed, evaluate, and return its results row (plus history)."""
-    import random
+    """Unlearn with one method on one split and one seed through `run_unlearning` (the runner `blade unlearn` and
+    the worker use), reload the result, evaluate it, and return its results row and history."""
+    import shutil
 
-    import numpy as np
-    import torch
-
-    from blade_core.data import load_tokenized
     from blade_core.evaluation.tofu import evaluate_split
-    from blade_core.methods.base import UnlearnTask
+    from blade_core.lora import load_with_stack
     from blade_core.modeling import pick_device
+    from blade_core.unlearn import run_unlearning
 
     device = pick_device()
-    spec, config = method_config(method, plan, seed)
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
     forget_path, retain_path = split_paths(plan.data_dir, split)
+    work = _run_dir(plan, method, split, seed) / "model"
     with PeakMemory(device.type) as memory:
-        model, tokenizer = _load(plan.target, device)
-        if config.use_lora:
-            from blade_core.lora import attach_adapter
-
-            model = attach_adapter(model, config)
-        task = UnlearnTask(model=model, tokenizer=tokenizer,
-                           forget=load_tokenized(forget_path, tokenizer, config.max_length),
-                           retain=load_tokenized(retain_path, tokenizer, config.max_length), device=device)
         started = time.perf_counter()
-        result = spec.train(task, config)
-        train_s = time.perf_counter() - started
-    model = task.model
-    model.eval()
+        out = run_unlearning(model=plan.target, forget=forget_path, retain=retain_path, out_dir=work, method=method,
+                             overrides=method_overrides(method, plan), max_steps=plan.settings.max_steps,
+                             seed=seed, device=str(device))
+        run_s = time.perf_counter() - started
+    peak = out.peak_mem_mb if out.peak_mem_mb is not None else memory.peak_mb
+    if out.full_model:
+        model, tokenizer = load_with_stack(work, (), device)
+    else:
+        model, tokenizer = load_with_stack(plan.target, [work], device)
     s = plan.settings
     metrics = evaluate_split(model, tokenizer, plan.data_dir, split, gold=gold_ref, batch_size=s.eval_batch_size,
                              max_rows=s.eval_max_rows, max_new_tokens=s.eval_max_new_tokens, seed=0)
+    del model
+    shutil.rmtree(work, ignore_errors=True)  # weights are not kept: the row and history are the result
     row = {
         "method": method, "split": split, "seed": seed,
         "MU": metrics["MU"], "Prob": metrics["Prob"], "ROUGE": metrics["ROUGE"], "HM": metrics["HM"],
         "forget_quality": metrics["forget_quality"], "privleak": metrics["privleak"],
-        "steps": len(result.history), "time_s": round(train_s, 2), "peak_mem_mb": round(memory.peak_mb, 1),
-        "status": result.status, "message": result.message,
-        "config": {k: v for k, v in asdict(config).items() if not callable(v)},
+        "steps": len(out.history), "time_s": round(run_s, 2), "peak_mem_mb": round(peak, 1),
+        "status": out.status, "message": out.message, "config": out.config,
         "eval": {k: metrics.get(k) for k in ("forget", "retain", "real_authors", "world_facts", "MU_components",
                                              "mia", "privleak_by_attack", "n", "time_s")},
     }
-    log(f"{method:>11} {split} seed {seed}: {result.status} after {row['steps']} steps in {train_s:.1f}s; "
+    log(f"{method:>11} {split} seed {seed}: {out.status} after {row['steps']} steps in {run_s:.1f}s; "
         f"MU {_fmt(row['MU'])} Prob {_fmt(row['Prob'])} ROUGE {_fmt(row['ROUGE'])} HM {_fmt(row['HM'])} "
         f"FQ {_fmt(row['forget_quality'], 3)} PrivLeak {_fmt(row['privleak'], 1)}")
-    return {"row": row, "history": result.history}
+    return {"row": row, "history": out.history}
 
 
 # --- the grid -------------------------------------------------------------------------------------------------

@@ -119,14 +119,33 @@ METHOD_PARAMS: dict[str, dict[str, Param]] = {
     "grad_ascent": {**COMMON, **BASELINE},
     "grad_diff": {**COMMON, **BASELINE, "gamma": WEIGHT, "alpha": WEIGHT},
     "npo": {**COMMON, **BASELINE, "beta": _float(0, BIG, low_open=True), "gamma": WEIGHT, "alpha": WEIGHT},
-    "simnpo": {**COMMON, **BASELINE, "beta": _float(0, BIG, low_open=True), "delta": _float(-BIG, BIG),
-               "gamma": WEIGHT, "alpha": WEIGHT},
-    "rmu": {**COMMON, **BASELINE, "steering_coeff": _float(0, BIG, low_open=True),
-            "reference_layer": _int(0, 10_000), "reference_depth": _int(1, 10_000),
-            "layer": _int(0, 10_000, nullable=True), "gamma": WEIGHT, "alpha": WEIGHT},
-    "pdu": {**COMMON, **BASELINE, "gamma": WEIGHT, "lambda_init": _float(0, 1e9),
-            "epsilon": _float(0, BIG, low_open=True), "dual_step_size": _float(0, BIG),
-            "dual_warmup_frac": _float(0, 1, high_open=True)},
+    "simnpo": {
+        **COMMON,
+        **BASELINE,
+        "beta": _float(0, BIG, low_open=True),
+        "delta": _float(-BIG, BIG),
+        "gamma": WEIGHT,
+        "alpha": WEIGHT,
+    },
+    "rmu": {
+        **COMMON,
+        **BASELINE,
+        "steering_coeff": _float(0, BIG, low_open=True),
+        "reference_layer": _int(0, 10_000),
+        "reference_depth": _int(1, 10_000),
+        "layer": _int(0, 10_000, nullable=True),
+        "gamma": WEIGHT,
+        "alpha": WEIGHT,
+    },
+    "pdu": {
+        **COMMON,
+        **BASELINE,
+        "gamma": WEIGHT,
+        "lambda_init": _float(0, 1e9),
+        "epsilon": _float(0, BIG, low_open=True),
+        "dual_step_size": _float(0, BIG),
+        "dual_warmup_frac": _float(0, 1, high_open=True),
+    },
     "blur_npo": {**COMMON, **BASELINE, "beta": _float(0, BIG, low_open=True), "gamma": WEIGHT},
 }
 
@@ -186,7 +205,9 @@ def validate_params(method: str, params: Mapping[str, Any] | None) -> dict[str, 
     checked: dict[str, Any] = {}
     for name, value in params.items():
         if name not in schema:
-            raise ParamError(name, f"unknown parameter for method {method!r}; known: {', '.join(sorted(schema))}")
+            raise ParamError(
+                name, f"unknown parameter for method {method!r}; known: {', '.join(sorted(schema))}"
+            )
         checked[name] = _check_value(name, schema[name], value)
     if method in CROSS_CHECKS:
         CROSS_CHECKS[method](checked)
@@ -195,5 +216,7 @@ def validate_params(method: str, params: Mapping[str, Any] | None) -> dict[str, 
 
 def describe(method: str) -> dict[str, dict[str, Any]]:
     """The method's tunable fields as JSON-ready descriptions (for API docs and error messages)."""
-    return {name: {"type": p.type, "range": p.describe(), "nullable": p.nullable, "help": p.help}
-            for name, p in METHOD_PARAMS[method].items()}
+    return {
+        name: {"type": p.type, "range": p.describe(), "nullable": p.nullable, "help": p.help}
+        for name, p in METHOD_PARAMS[method].items()
+    }

@@ -51,16 +51,34 @@ def compute_hash(prev_hash: str, payload: dict[str, Any]) -> str:
     return hashlib.sha256((prev_hash + canonical_json(payload)).encode()).hexdigest()
 
 
-def append(session: Session, *, action: str, subject_type: str, subject_id: str, actor: str,
-           actor_key_id: str | None = None, tenant_id: str | None = None, reason: str | None = None,
-           data: dict[str, Any] | None = None) -> AuditEntry:
+def append(
+    session: Session,
+    *,
+    action: str,
+    subject_type: str,
+    subject_id: str,
+    actor: str,
+    actor_key_id: str | None = None,
+    tenant_id: str | None = None,
+    reason: str | None = None,
+    data: dict[str, Any] | None = None,
+) -> AuditEntry:
     """Add one entry at the head of the chain, in the caller's transaction."""
     if session.get_bind().dialect.name == "postgresql":
         session.execute(select(_pg_lock()))
     prev = session.scalar(select(AuditEntry.hash).order_by(AuditEntry.id.desc()).limit(1)) or GENESIS_HASH
-    entry = AuditEntry(created_at=utcnow(), tenant_id=tenant_id, actor=actor, actor_key_id=actor_key_id,
-                       action=action, subject_type=subject_type, subject_id=str(subject_id), reason=reason,
-                       data=json.loads(canonical_json(data or {})), prev_hash=prev)
+    entry = AuditEntry(
+        created_at=utcnow(),
+        tenant_id=tenant_id,
+        actor=actor,
+        actor_key_id=actor_key_id,
+        action=action,
+        subject_type=subject_type,
+        subject_id=str(subject_id),
+        reason=reason,
+        data=json.loads(canonical_json(data or {})),
+        prev_hash=prev,
+    )
     entry.hash = compute_hash(prev, entry_payload(entry))
     session.add(entry)
     session.flush()
@@ -83,35 +101,63 @@ class ChainStatus:
     problem: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"intact": self.intact, "checked": self.checked, "head_id": self.head_id,
-                "head_hash": self.head_hash, "first_bad_id": self.first_bad_id, "problem": self.problem}
+        return {
+            "intact": self.intact,
+            "checked": self.checked,
+            "head_id": self.head_id,
+            "head_hash": self.head_hash,
+            "first_bad_id": self.first_bad_id,
+            "problem": self.problem,
+        }
 
 
 def verify_chain(session: Session) -> ChainStatus:
     """Walk the whole chain in id order and report the first entry whose links or hash do not fit."""
     expected, checked, head_id = GENESIS_HASH, 0, None
-    for entry in session.scalars(select(AuditEntry).order_by(AuditEntry.id).execution_options(yield_per=1000)):
+    for entry in session.scalars(
+        select(AuditEntry).order_by(AuditEntry.id).execution_options(yield_per=1000)
+    ):
         checked += 1
         if entry.prev_hash != expected:
-            return ChainStatus(False, checked, head_id, expected, entry.id,
-                               f"entry {entry.id}: prev_hash does not match the entry before it "
-                               "(an entry was removed, reordered or altered)")
+            return ChainStatus(
+                False,
+                checked,
+                head_id,
+                expected,
+                entry.id,
+                f"entry {entry.id}: prev_hash does not match the entry before it "
+                "(an entry was removed, reordered or altered)",
+            )
         if compute_hash(entry.prev_hash, entry_payload(entry)) != entry.hash:
-            return ChainStatus(False, checked, head_id, expected, entry.id,
-                               f"entry {entry.id}: content does not match its hash (the entry was altered)")
+            return ChainStatus(
+                False,
+                checked,
+                head_id,
+                expected,
+                entry.id,
+                f"entry {entry.id}: content does not match its hash (the entry was altered)",
+            )
         expected, head_id = entry.hash, entry.id
     return ChainStatus(True, checked, head_id, expected)
 
 
 def head(session: Session) -> tuple[int | None, str]:
     """(id, hash) of the newest entry; (None, GENESIS_HASH) for an empty log."""
-    row = session.execute(select(AuditEntry.id, AuditEntry.hash).order_by(AuditEntry.id.desc()).limit(1)).first()
+    row = session.execute(
+        select(AuditEntry.id, AuditEntry.hash).order_by(AuditEntry.id.desc()).limit(1)
+    ).first()
     return (row[0], row[1]) if row else (None, GENESIS_HASH)
 
 
-def list_entries(session: Session, *, tenant_id: str | None, action: str | None = None,
-                 subject_id: str | None = None, before_id: int | None = None,
-                 limit: int = 100) -> list[AuditEntry]:
+def list_entries(
+    session: Session,
+    *,
+    tenant_id: str | None,
+    action: str | None = None,
+    subject_id: str | None = None,
+    before_id: int | None = None,
+    limit: int = 100,
+) -> list[AuditEntry]:
     """Newest first; `tenant_id` None lists every tenant's (for operators), else only that tenant's."""
     query = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
     if tenant_id is not None:

@@ -38,6 +38,11 @@ def actor_of(key: ApiKey) -> str:
     return f"key:{key.id}"
 
 
+def is_operator(key: ApiKey) -> bool:
+    """An admin key of the default tenant: runs the installation (sees every tenant's audit entries)."""
+    return key.has_scope(Scope.ADMIN) and key.tenant.name == DEFAULT_TENANT
+
+
 def normalise_scopes(scopes: Iterable[str]) -> list[str]:
     """Known scopes, deduplicated, in a fixed order; Invalid naming the first unknown one."""
     given = list(scopes)
@@ -59,19 +64,36 @@ def get_or_create_tenant(session: Session, *, name: str) -> Tenant:
     return tenant
 
 
-def create_key(session: Session, *, tenant: Tenant, name: str, scopes: Iterable[str], actor: str,
-               actor_key_id: str | None = None, secret: str | None = None) -> tuple[ApiKey, str]:
+def create_key(
+    session: Session,
+    *,
+    tenant: Tenant,
+    name: str,
+    scopes: Iterable[str],
+    actor: str,
+    actor_key_id: str | None = None,
+    secret: str | None = None,
+) -> tuple[ApiKey, str]:
     """A new key and its secret (shown once: only the sha256 is stored)."""
     secret = secret or generate_secret()
     key_hash = hash_key(secret)
     if session.scalars(select(ApiKey.id).where(ApiKey.key_hash == key_hash)).first():
         raise Conflict("that key already exists", code="key_exists")
-    key = ApiKey(tenant_id=tenant.id, name=name, key_hash=key_hash, prefix=secret[:12],
-                 scopes=normalise_scopes(scopes))
+    key = ApiKey(
+        tenant_id=tenant.id, name=name, key_hash=key_hash, prefix=secret[:12], scopes=normalise_scopes(scopes)
+    )
     session.add(key)
     session.flush()
-    audit.append(session, action="api_key.create", subject_type="api_key", subject_id=key.id, actor=actor,
-                 actor_key_id=actor_key_id, tenant_id=tenant.id, data={"name": name, "scopes": key.scopes})
+    audit.append(
+        session,
+        action="api_key.create",
+        subject_type="api_key",
+        subject_id=key.id,
+        actor=actor,
+        actor_key_id=actor_key_id,
+        tenant_id=tenant.id,
+        data={"name": name, "scopes": key.scopes},
+    )
     return key, secret
 
 
@@ -89,18 +111,28 @@ def authenticate(session: Session, secret: str) -> ApiKey | None:
 
 
 def list_keys(session: Session, *, tenant_id: str) -> list[ApiKey]:
-    return list(session.scalars(select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.created_at)))
+    return list(
+        session.scalars(select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.created_at))
+    )
 
 
-def revoke_key(session: Session, *, tenant_id: str, key_id: str, actor: str,
-               actor_key_id: str | None = None) -> ApiKey:
+def revoke_key(
+    session: Session, *, tenant_id: str, key_id: str, actor: str, actor_key_id: str | None = None
+) -> ApiKey:
     key = session.get(ApiKey, key_id)
     if key is None or key.tenant_id != tenant_id:
         raise NotFound(f"no API key {key_id!r}")
     if key.revoked_at is None:
         key.revoked_at = utcnow()
-        audit.append(session, action="api_key.revoke", subject_type="api_key", subject_id=key.id, actor=actor,
-                     actor_key_id=actor_key_id, tenant_id=tenant_id)
+        audit.append(
+            session,
+            action="api_key.revoke",
+            subject_type="api_key",
+            subject_id=key.id,
+            actor=actor,
+            actor_key_id=actor_key_id,
+            tenant_id=tenant_id,
+        )
     return key
 
 
@@ -115,9 +147,17 @@ def bootstrap_admin_key(session_factory, settings: Settings) -> ApiKey | None:
                 key = session.scalars(select(ApiKey).where(ApiKey.key_hash == hash_key(secret))).one_or_none()
                 if key is None:
                     tenant = get_or_create_tenant(session, name=DEFAULT_TENANT)
-                    key, _ = create_key(session, tenant=tenant, name="bootstrap admin",
-                                        scopes=[Scope.ADMIN.value], actor="system", secret=secret)
+                    key, _ = create_key(
+                        session,
+                        tenant=tenant,
+                        name="bootstrap admin",
+                        scopes=[Scope.ADMIN.value],
+                        actor="system",
+                        secret=secret,
+                    )
             return key
         except (IntegrityError, Conflict):  # another process created it at the same moment
             with session.begin():
-                return session.scalars(select(ApiKey).where(ApiKey.key_hash == hash_key(secret))).one_or_none()
+                return session.scalars(
+                    select(ApiKey).where(ApiKey.key_hash == hash_key(secret))
+                ).one_or_none()

@@ -14,13 +14,23 @@ from persistence.models import BaseModel
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
-def register(session: Session, *, name: str, source: str, tenant_id: str | None, actor: str,
-             actor_key_id: str | None = None, description: str | None = None,
-             audit_tenant_id: str | None = None) -> BaseModel:
+def register(
+    session: Session,
+    *,
+    name: str,
+    source: str,
+    tenant_id: str | None,
+    actor: str,
+    actor_key_id: str | None = None,
+    description: str | None = None,
+    audit_tenant_id: str | None = None,
+) -> BaseModel:
     """A new base model (`tenant_id` None: shared by every tenant); Conflict if the name is taken."""
     if not NAME_PATTERN.match(name or ""):
-        raise Invalid("name: 1-100 characters of letters, digits, '.', '_', '-', starting with a letter or digit",
-                      field="name")
+        raise Invalid(
+            "name: 1-100 characters of letters, digits, '.', '_', '-', starting with a letter or digit",
+            field="name",
+        )
     if not (source or "").strip():
         raise Invalid("source: must be a non-empty string", field="source")
     if session.scalars(select(BaseModel.id).where(BaseModel.name == name)).first():
@@ -28,9 +38,16 @@ def register(session: Session, *, name: str, source: str, tenant_id: str | None,
     model = BaseModel(name=name, source=source, tenant_id=tenant_id, description=description)
     session.add(model)
     session.flush()
-    audit.append(session, action="base_model.register", subject_type="base_model", subject_id=model.id,
-                 actor=actor, actor_key_id=actor_key_id, tenant_id=audit_tenant_id or tenant_id,
-                 data={"name": name, "source": source, "shared": tenant_id is None})
+    audit.append(
+        session,
+        action="base_model.register",
+        subject_type="base_model",
+        subject_id=model.id,
+        actor=actor,
+        actor_key_id=actor_key_id,
+        tenant_id=audit_tenant_id or tenant_id,
+        data={"name": name, "source": source, "shared": tenant_id is None},
+    )
     return model
 
 
@@ -46,7 +63,9 @@ def _visible(tenant_id: str | None):
 
 def get_visible(session: Session, *, name: str, tenant_id: str | None) -> BaseModel:
     """The base model `name` if the tenant may see it; NotFound otherwise."""
-    model = session.scalars(select(BaseModel).where(BaseModel.name == name, _visible(tenant_id))).one_or_none()
+    model = session.scalars(
+        select(BaseModel).where(BaseModel.name == name, _visible(tenant_id))
+    ).one_or_none()
     if model is None:
         raise NotFound(f"no base model {name!r}")
     return model

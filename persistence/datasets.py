@@ -25,8 +25,16 @@ def clean_filename(filename: str | None) -> str:
     return name or "upload.jsonl"
 
 
-def create_dataset(session: Session, storage: Storage, *, tenant_id: str, filename: str | None, data: bytes,
-                   actor: str, actor_key_id: str | None = None) -> Dataset:
+def create_dataset(
+    session: Session,
+    storage: Storage,
+    *,
+    tenant_id: str,
+    filename: str | None,
+    data: bytes,
+    actor: str,
+    actor_key_id: str | None = None,
+) -> Dataset:
     """Validate `data` (rows, fields; errors name file, line and field), store it, and record it."""
     name = clean_filename(filename)
     try:
@@ -36,14 +44,30 @@ def create_dataset(session: Session, storage: Storage, *, tenant_id: str, filena
     dataset_id = new_id("ds")
     stored = storage.put_bytes(f"datasets/{tenant_id}/{dataset_id}{SUFFIX_BY_LAYOUT[layout]}", data)
     try:
-        dataset = Dataset(id=dataset_id, tenant_id=tenant_id, name=name, sha256=hashlib.sha256(data).hexdigest(),
-                          rows=len(rows), format=layout, kind=kind, size_bytes=len(data),
-                          storage_key=stored.key, created_by_key_id=actor_key_id)
+        dataset = Dataset(
+            id=dataset_id,
+            tenant_id=tenant_id,
+            name=name,
+            sha256=hashlib.sha256(data).hexdigest(),
+            rows=len(rows),
+            format=layout,
+            kind=kind,
+            size_bytes=len(data),
+            storage_key=stored.key,
+            created_by_key_id=actor_key_id,
+        )
         session.add(dataset)
         session.flush()
-        audit.append(session, action="dataset.create", subject_type="dataset", subject_id=dataset.id,
-                     actor=actor, actor_key_id=actor_key_id, tenant_id=tenant_id,
-                     data={"name": name, "sha256": dataset.sha256, "rows": dataset.rows, "format": layout})
+        audit.append(
+            session,
+            action="dataset.create",
+            subject_type="dataset",
+            subject_id=dataset.id,
+            actor=actor,
+            actor_key_id=actor_key_id,
+            tenant_id=tenant_id,
+            data={"name": name, "sha256": dataset.sha256, "rows": dataset.rows, "format": layout},
+        )
     except BaseException:
         storage.delete(stored.key)
         raise
@@ -59,6 +83,11 @@ def get_dataset(session: Session, *, tenant_id: str, dataset_id: str) -> Dataset
 
 
 def list_datasets(session: Session, *, tenant_id: str, limit: int = 100, offset: int = 0) -> list[Dataset]:
-    query = (select(Dataset).where(Dataset.tenant_id == tenant_id)
-             .order_by(Dataset.created_at.desc(), Dataset.id).limit(limit).offset(offset))
+    query = (
+        select(Dataset)
+        .where(Dataset.tenant_id == tenant_id)
+        .order_by(Dataset.created_at.desc(), Dataset.id)
+        .limit(limit)
+        .offset(offset)
+    )
     return list(session.scalars(query))

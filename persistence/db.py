@@ -35,7 +35,7 @@ def normalise_url(url: str) -> str:
     """`postgresql://` and `postgres://` mean psycopg 3 here; everything else is left as given."""
     for plain in ("postgresql://", "postgres://"):
         if url.startswith(plain):
-            return "postgresql+psycopg://" + url[len(plain):]
+            return "postgresql+psycopg://" + url[len(plain) :]
     return url
 
 

@@ -1,4 +1,4 @@
-"""Errors the service functions raise; the API turns each into `{"error": {"code", "message"}}` + its status."""
+"""Errors the service functions raise; the API sends each as `{"error": {"code", "message"}}`."""
 
 from __future__ import annotations
 

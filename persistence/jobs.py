@@ -99,8 +99,8 @@ def _transition(request: UnlearnRequest, new: RequestStatus) -> None:
 def lock_owned(session: Session, *, request_id: str, owner: str, lock: bool = True) -> UnlearnRequest:
     """The request, if `owner` holds its lease (LeaseLost otherwise)."""
     stmt = select(UnlearnRequest).where(UnlearnRequest.id == request_id).execution_options(populate_existing=True)
-    if lock:
-        stmt = stmt.with_for_update()
+    if lock:  # only this table's row (its eager-loaded relationships are outer joins)
+        stmt = stmt.with_for_update(of=UnlearnRequest)
     request = session.scalars(stmt).one_or_none()
     if request is None or request.lease_owner != owner:
         raise LeaseLost(f"request {request_id}: lease held by {getattr(request, 'lease_owner', None)!r}, "

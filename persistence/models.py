@@ -88,13 +88,22 @@ class UTCDateTime(TypeDecorator[datetime]):
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
     type_annotation_map: ClassVar[dict[Any, Any]] = {
-        datetime: UTCDateTime, dict[str, Any]: JSON, list[Any]: JSON}
+        datetime: UTCDateTime,
+        dict[str, Any]: JSON,
+        list[Any]: JSON,
+    }
 
 
 def _str_enum(cls: type[enum.Enum]) -> Enum:
     """Store an enum by value as a short string (no native type, no CHECK: new states need no DDL)."""
-    return Enum(cls, native_enum=False, create_constraint=False, length=16,
-                values_callable=lambda c: [m.value for m in c], validate_strings=True)
+    return Enum(
+        cls,
+        native_enum=False,
+        create_constraint=False,
+        length=16,
+        values_callable=lambda c: [m.value for m in c],
+        validate_strings=True,
+    )
 
 
 # --- enums ------------------------------------------------------------------------------------------------
@@ -165,7 +174,7 @@ class ApiKey(Base):
     last_used_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]
 
-    tenant: Mapped[Tenant] = relationship(lazy="joined")
+    tenant: Mapped[Tenant] = relationship()
 
     def has_scope(self, scope: Scope | str) -> bool:
         """`admin` implies every scope."""
@@ -243,11 +252,12 @@ class UnlearnRequest(Base):
     finished_at: Mapped[datetime | None]
     cancel_requested_at: Mapped[datetime | None]
 
-    base_model: Mapped[BaseModel] = relationship(lazy="joined")
-    forget_dataset: Mapped[Dataset] = relationship(foreign_keys=[forget_dataset_id], lazy="joined")
-    retain_dataset: Mapped[Dataset] = relationship(foreign_keys=[retain_dataset_id], lazy="joined")
+    base_model: Mapped[BaseModel] = relationship(lazy="selectin")
+    forget_dataset: Mapped[Dataset] = relationship(foreign_keys=[forget_dataset_id])
+    retain_dataset: Mapped[Dataset] = relationship(foreign_keys=[retain_dataset_id])
     adapter: Mapped[AdapterVersion | None] = relationship(
-        back_populates="request", uselist=False, lazy="selectin", viewonly=True)
+        back_populates="request", uselist=False, lazy="selectin", viewonly=True
+    )
 
     @property
     def adapter_id(self) -> str | None:
@@ -258,8 +268,9 @@ class TrainingEvent(Base):
     __tablename__ = "training_events"
     __table_args__ = (UniqueConstraint("request_id", "step"),)
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
-                                    autoincrement=True)
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
     request_id: Mapped[str] = mapped_column(ForeignKey("unlearn_requests.id", ondelete="CASCADE"))
     step: Mapped[int] = mapped_column(Integer)
     record: Mapped[dict[str, Any]] = mapped_column(JSON)  # the history.json record as the engine wrote it
@@ -288,15 +299,16 @@ class AdapterVersion(Base):
     state_changed_by: Mapped[str | None] = mapped_column(String(255))  # actor of the last enable/disable
     state_reason: Mapped[str | None] = mapped_column(Text)
 
-    base_model: Mapped[BaseModel] = relationship(lazy="joined")
+    base_model: Mapped[BaseModel] = relationship(lazy="selectin")
     request: Mapped[UnlearnRequest] = relationship(back_populates="adapter")
 
 
 class AuditEntry(Base):
     __tablename__ = "audit_entries"
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
-                                    autoincrement=True)
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     tenant_id: Mapped[str | None] = mapped_column(String(40), index=True)  # None: not a tenant's
     actor: Mapped[str] = mapped_column(String(255))  # "key:<id>", "worker:<name>", "system"

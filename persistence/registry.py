@@ -20,7 +20,7 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from persistence import audit
-from persistence.errors import Invalid, NotFound
+from persistence.errors import Forbidden, Invalid, NotFound
 from persistence.models import AdapterState, AdapterVersion, BaseModel, UnlearnRequest, utcnow
 
 
@@ -33,8 +33,12 @@ class RegistryChange:
 
 
 def _lock_base_model(session: Session, base_model_id: str) -> BaseModel:
-    """Row lock on the base model: stack changes and version numbering of one model take turns."""
-    return session.scalars(select(BaseModel).where(BaseModel.id == base_model_id).with_for_update()).one()
+    """Row lock on the base model: stack changes and version numbering of one model take turns.
+
+    FOR NO KEY UPDATE: it does not block inserts that merely reference the row (their FK check's KEY SHARE).
+    """
+    query = select(BaseModel).where(BaseModel.id == base_model_id).with_for_update(key_share=True)
+    return session.scalars(query).one()
 
 
 def _base_model_id(session: Session, base_model: BaseModel | str) -> str:
@@ -48,8 +52,12 @@ def _base_model_id(session: Session, base_model: BaseModel | str) -> str:
 
 def list_stack(session: Session, base_model: BaseModel | str) -> list[AdapterVersion]:
     """Every adapter of the base model (active and disabled), in version order."""
-    query = (select(AdapterVersion).where(AdapterVersion.base_model_id == _base_model_id(session, base_model))
-             .order_by(AdapterVersion.version).execution_options(populate_existing=True))
+    query = (
+        select(AdapterVersion)
+        .where(AdapterVersion.base_model_id == _base_model_id(session, base_model))
+        .order_by(AdapterVersion.version)
+        .execution_options(populate_existing=True)
+    )
     return list(session.scalars(query))
 
 
@@ -68,10 +76,17 @@ def stale_flags(stack: list[AdapterVersion]) -> dict[str, bool]:
     return flags
 
 
-def create_adapter_version(session: Session, *, request: UnlearnRequest | str, artifact_key: str, sha256: str,
-                           size_bytes: int | None = None, parent_stack: list[str] | None = None,
-                           hyperparameters: dict[str, Any] | None = None,
-                           actor: str = "system") -> AdapterVersion:
+def create_adapter_version(
+    session: Session,
+    *,
+    request: UnlearnRequest | str,
+    artifact_key: str,
+    sha256: str,
+    size_bytes: int | None = None,
+    parent_stack: list[str] | None = None,
+    hyperparameters: dict[str, Any] | None = None,
+    actor: str = "system",
+) -> AdapterVersion:
     """The request's adapter as the next version of its base model; the existing one if it already has one.
 
     `parent_stack` is the ids of the active adapters the run trained on top of, in stack order (default: the
@@ -82,32 +97,62 @@ def create_adapter_version(session: Session, *, request: UnlearnRequest | str, a
         if request is None:
             raise NotFound("no such unlearn request")
     _lock_base_model(session, request.base_model_id)
-    existing = session.scalars(select(AdapterVersion).where(AdapterVersion.request_id == request.id)).one_or_none()
+    existing = session.scalars(
+        select(AdapterVersion).where(AdapterVersion.request_id == request.id)
+    ).one_or_none()
     if existing is not None:
         return existing
     if parent_stack is None:
         parent_stack = [a.id for a in effective_stack(session, request.base_model)]
-    last = session.scalar(select(func.max(AdapterVersion.version))
-                          .where(AdapterVersion.base_model_id == request.base_model_id)) or 0
+    last = (
+        session.scalar(
+            select(func.max(AdapterVersion.version)).where(
+                AdapterVersion.base_model_id == request.base_model_id
+            )
+        )
+        or 0
+    )
     adapter = AdapterVersion(
-        base_model_id=request.base_model_id, version=last + 1, state=AdapterState.ACTIVE, request_id=request.id,
-        method=request.method, sha256=sha256, size_bytes=size_bytes, storage_key=artifact_key,
-        forget_sha256=request.forget_dataset.sha256, retain_sha256=request.retain_dataset.sha256,
+        base_model_id=request.base_model_id,
+        version=last + 1,
+        state=AdapterState.ACTIVE,
+        request_id=request.id,
+        method=request.method,
+        sha256=sha256,
+        size_bytes=size_bytes,
+        storage_key=artifact_key,
+        forget_sha256=request.forget_dataset.sha256,
+        retain_sha256=request.retain_dataset.sha256,
         hyperparameters=dict(request.params if hyperparameters is None else hyperparameters),
-        parent_stack=list(parent_stack))
+        parent_stack=list(parent_stack),
+    )
     session.add(adapter)
     session.flush()
-    audit.append(session, action="adapter.create", subject_type="adapter", subject_id=adapter.id, actor=actor,
-                 tenant_id=request.tenant_id,
-                 data={"base_model": request.base_model.name, "version": adapter.version, "request_id": request.id,
-                       "sha256": sha256, "parent_stack": adapter.parent_stack})
+    audit.append(
+        session,
+        action="adapter.create",
+        subject_type="adapter",
+        subject_id=adapter.id,
+        actor=actor,
+        tenant_id=request.tenant_id,
+        data={
+            "base_model": request.base_model.name,
+            "version": adapter.version,
+            "request_id": request.id,
+            "sha256": sha256,
+            "parent_stack": adapter.parent_stack,
+        },
+    )
     return adapter
 
 
 def get_adapter(session: Session, *, adapter_id: str, tenant_id: str | None) -> AdapterVersion:
     """The adapter, if its base model is visible to the tenant (`tenant_id` None: any); NotFound otherwise."""
-    query = (select(AdapterVersion).join(BaseModel, AdapterVersion.base_model_id == BaseModel.id)
-             .where(AdapterVersion.id == adapter_id))
+    query = (
+        select(AdapterVersion)
+        .join(BaseModel, AdapterVersion.base_model_id == BaseModel.id)
+        .where(AdapterVersion.id == adapter_id)
+    )
     if tenant_id is not None:
         query = query.where(or_(BaseModel.tenant_id.is_(None), BaseModel.tenant_id == tenant_id))
     adapter = session.scalars(query).one_or_none()
@@ -116,14 +161,44 @@ def get_adapter(session: Session, *, adapter_id: str, tenant_id: str | None) -> 
     return adapter
 
 
-def _set_state(session: Session, adapter: AdapterVersion, state: AdapterState, *, actor: str,
-               actor_key_id: str | None, tenant_id: str | None, reason: str, data: dict[str, Any]) -> None:
+def _check_may_change(adapter: AdapterVersion, tenant_id: str | None, operator: bool) -> None:
+    """Your base model's adapters; on a shared base model, those your requests made (the operator: all)."""
+    if tenant_id is None or operator or adapter.base_model.tenant_id == tenant_id:
+        return
+    if adapter.base_model.tenant_id is None and adapter.request.tenant_id == tenant_id:
+        return
+    raise Forbidden(
+        f"adapter {adapter.id} belongs to a shared base model and was made by another tenant's request; "
+        "only the operator may change it",
+        code="not_your_adapter",
+    )
+
+
+def _set_state(
+    session: Session,
+    adapter: AdapterVersion,
+    state: AdapterState,
+    *,
+    actor: str,
+    actor_key_id: str | None,
+    tenant_id: str | None,
+    reason: str,
+    data: dict[str, Any],
+) -> None:
     adapter.state = state
     adapter.state_changed_at, adapter.state_changed_by, adapter.state_reason = utcnow(), actor, reason
     action = "adapter.enable" if state == AdapterState.ACTIVE else "adapter.disable"
-    audit.append(session, action=action, subject_type="adapter", subject_id=adapter.id, actor=actor,
-                 actor_key_id=actor_key_id, tenant_id=tenant_id, reason=reason,
-                 data={"base_model": adapter.base_model.name, "version": adapter.version, **data})
+    audit.append(
+        session,
+        action=action,
+        subject_type="adapter",
+        subject_id=adapter.id,
+        actor=actor,
+        actor_key_id=actor_key_id,
+        tenant_id=tenant_id,
+        reason=reason,
+        data={"base_model": adapter.base_model.name, "version": adapter.version, **data},
+    )
 
 
 def _require_reason(reason: str | None) -> str:
@@ -132,45 +207,96 @@ def _require_reason(reason: str | None) -> str:
     return reason.strip()
 
 
-def disable(session: Session, *, adapter_id: str, actor: str, reason: str | None, cascade: bool = False,
-            actor_key_id: str | None = None, tenant_id: str | None = None) -> RegistryChange:
-    """Take the adapter out of the effective model; report (and with `cascade` disable) adapters built on it."""
+def disable(
+    session: Session,
+    *,
+    adapter_id: str,
+    actor: str,
+    reason: str | None,
+    cascade: bool = False,
+    actor_key_id: str | None = None,
+    tenant_id: str | None = None,
+    operator: bool = False,
+) -> RegistryChange:
+    """Take the adapter out of the effective model; report (`cascade`: disable) adapters built on it."""
     reason = _require_reason(reason)
     adapter = get_adapter(session, adapter_id=adapter_id, tenant_id=tenant_id)
+    _check_may_change(adapter, tenant_id, operator)
     _lock_base_model(session, adapter.base_model_id)
     stack = list_stack(session, adapter.base_model)
     adapter = next(a for a in stack if a.id == adapter_id)
-    dependents = [a for a in stack if a.version > adapter.version and adapter.id in (a.parent_stack or [])
-                  and a.state == AdapterState.ACTIVE]
+    dependents = [
+        a
+        for a in stack
+        if a.version > adapter.version
+        and adapter.id in (a.parent_stack or [])
+        and a.state == AdapterState.ACTIVE
+    ]
     changed = adapter.state != AdapterState.DISABLED
     if changed:
-        _set_state(session, adapter, AdapterState.DISABLED, actor=actor, actor_key_id=actor_key_id,
-                   tenant_id=tenant_id, reason=reason,
-                   data={"cascade": cascade, "flagged": [a.id for a in dependents]})
+        _set_state(
+            session,
+            adapter,
+            AdapterState.DISABLED,
+            actor=actor,
+            actor_key_id=actor_key_id,
+            tenant_id=tenant_id,
+            reason=reason,
+            data={"cascade": cascade, "flagged": [a.id for a in dependents]},
+        )
     cascaded = []
     if cascade:
         for dependent in dependents:
-            _set_state(session, dependent, AdapterState.DISABLED, actor=actor, actor_key_id=actor_key_id,
-                       tenant_id=tenant_id, reason=f"cascade from {adapter.id} (v{adapter.version}): {reason}",
-                       data={"cascade_from": adapter.id})
+            _set_state(
+                session,
+                dependent,
+                AdapterState.DISABLED,
+                actor=actor,
+                actor_key_id=actor_key_id,
+                tenant_id=tenant_id,
+                reason=f"cascade from {adapter.id} (v{adapter.version}): {reason}",
+                data={"cascade_from": adapter.id},
+            )
             cascaded.append(dependent)
     session.flush()
     return RegistryChange(adapter, changed or bool(cascaded), dependents, cascaded)
 
 
-def enable(session: Session, *, adapter_id: str, actor: str, reason: str | None, actor_key_id: str | None = None,
-           tenant_id: str | None = None) -> RegistryChange:
+def enable(
+    session: Session,
+    *,
+    adapter_id: str,
+    actor: str,
+    reason: str | None,
+    actor_key_id: str | None = None,
+    tenant_id: str | None = None,
+    operator: bool = False,
+) -> RegistryChange:
     """Put the adapter back into the effective model; report later active adapters trained without it."""
     reason = _require_reason(reason)
     adapter = get_adapter(session, adapter_id=adapter_id, tenant_id=tenant_id)
+    _check_may_change(adapter, tenant_id, operator)
     _lock_base_model(session, adapter.base_model_id)
     stack = list_stack(session, adapter.base_model)
     adapter = next(a for a in stack if a.id == adapter_id)
-    flagged = [a for a in stack if a.version > adapter.version and adapter.id not in (a.parent_stack or [])
-               and a.state == AdapterState.ACTIVE]
+    flagged = [
+        a
+        for a in stack
+        if a.version > adapter.version
+        and adapter.id not in (a.parent_stack or [])
+        and a.state == AdapterState.ACTIVE
+    ]
     changed = adapter.state != AdapterState.ACTIVE
     if changed:
-        _set_state(session, adapter, AdapterState.ACTIVE, actor=actor, actor_key_id=actor_key_id,
-                   tenant_id=tenant_id, reason=reason, data={"flagged": [a.id for a in flagged]})
+        _set_state(
+            session,
+            adapter,
+            AdapterState.ACTIVE,
+            actor=actor,
+            actor_key_id=actor_key_id,
+            tenant_id=tenant_id,
+            reason=reason,
+            data={"flagged": [a.id for a in flagged]},
+        )
     session.flush()
     return RegistryChange(adapter, changed, flagged if changed else [], [])

@@ -44,19 +44,25 @@ MAX_METADATA_BYTES = 16 * 1024
 
 
 def fingerprint(body: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps(body, sort_keys=True, separators=(",", ":"), default=str).encode()
+    ).hexdigest()
 
 
 def _by_idempotency_key(session: Session, tenant_id: str, key: str) -> UnlearnRequest | None:
-    query = select(UnlearnRequest).where(UnlearnRequest.tenant_id == tenant_id,
-                                         UnlearnRequest.idempotency_key == key)
+    query = select(UnlearnRequest).where(
+        UnlearnRequest.tenant_id == tenant_id, UnlearnRequest.idempotency_key == key
+    )
     return session.scalars(query).one_or_none()
 
 
 def _replay(existing: UnlearnRequest, fp: str) -> UnlearnRequest:
     if existing.request_fingerprint != fp:
-        raise Conflict("Idempotency-Key was already used with a different request body",
-                       code="idempotency_key_reused", field="Idempotency-Key")
+        raise Conflict(
+            "Idempotency-Key was already used with a different request body",
+            code="idempotency_key_reused",
+            field="Idempotency-Key",
+        )
     return existing
 
 
@@ -69,14 +75,30 @@ def _dataset(session: Session, tenant_id: str, dataset_id: Any, field: str) -> D
     return dataset
 
 
-def create_request(session: Session, *, tenant_id: str, base_model: str, forget_dataset: str,
-                   retain_dataset: str, method: str | None = None, params: dict[str, Any] | None = None,
-                   metadata: dict[str, Any] | None = None, idempotency_key: str | None = None, actor: str,
-                   actor_key_id: str | None = None) -> tuple[UnlearnRequest, bool]:
+def create_request(
+    session: Session,
+    *,
+    tenant_id: str,
+    base_model: str,
+    forget_dataset: str,
+    retain_dataset: str,
+    method: str | None = None,
+    params: dict[str, Any] | None = None,
+    metadata: dict[str, Any] | None = None,
+    idempotency_key: str | None = None,
+    actor: str,
+    actor_key_id: str | None = None,
+) -> tuple[UnlearnRequest, bool]:
     """(request, created): a new `queued` request, or the original one for a repeated Idempotency-Key."""
     method = method or DEFAULT_METHOD
-    body = {"base_model": base_model, "forget_dataset": forget_dataset, "retain_dataset": retain_dataset,
-            "method": method, "params": params or {}, "metadata": metadata or {}}
+    body = {
+        "base_model": base_model,
+        "forget_dataset": forget_dataset,
+        "retain_dataset": retain_dataset,
+        "method": method,
+        "params": params or {},
+        "metadata": metadata or {},
+    }
     fp = fingerprint(body)
     if idempotency_key is not None:
         if not 0 < len(idempotency_key) <= 255:
@@ -86,37 +108,60 @@ def create_request(session: Session, *, tenant_id: str, base_model: str, forget_
             return _replay(existing, fp), False
 
     if method not in METHOD_NAMES:
-        raise Invalid(f"method: unknown method {method!r}; choose one of {', '.join(METHOD_NAMES)}",
-                      code="unknown_method", field="method")
+        raise Invalid(
+            f"method: unknown method {method!r}; choose one of {', '.join(METHOD_NAMES)}",
+            code="unknown_method",
+            field="method",
+        )
     try:
         checked = validate_params(method, params)
     except ParamError as exc:
-        raise Invalid(f"params.{exc.field}: {exc.message}", code="invalid_param",
-                      field=f"params.{exc.field}") from None
+        raise Invalid(
+            f"params.{exc.field}: {exc.message}", code="invalid_param", field=f"params.{exc.field}"
+        ) from None
     if metadata is not None and not isinstance(metadata, dict):
         raise Invalid("metadata: must be an object", field="metadata")
     if len(json.dumps(metadata or {}, default=str)) > MAX_METADATA_BYTES:
         raise Invalid(f"metadata: at most {MAX_METADATA_BYTES} bytes of JSON", field="metadata")
     model = session.scalars(
-        select(BaseModel).where(BaseModel.name == base_model,
-                                (BaseModel.tenant_id.is_(None)) | (BaseModel.tenant_id == tenant_id))
-        .with_for_update()  # serialises queue_seq numbering per base model
+        select(BaseModel)
+        .where(
+            BaseModel.name == base_model, (BaseModel.tenant_id.is_(None)) | (BaseModel.tenant_id == tenant_id)
+        )
+        .with_for_update(key_share=True)  # serialises queue_seq numbering per base model (FOR NO KEY UPDATE)
     ).one_or_none()
     if model is None:
-        raise Invalid(f"base_model: no base model {base_model!r} is registered", code="unknown_base_model",
-                      field="base_model")
+        raise Invalid(
+            f"base_model: no base model {base_model!r} is registered",
+            code="unknown_base_model",
+            field="base_model",
+        )
     forget = _dataset(session, tenant_id, forget_dataset, "forget_dataset")
     retain = _dataset(session, tenant_id, retain_dataset, "retain_dataset")
     if forget.id == retain.id:
         raise Invalid("retain_dataset: must differ from forget_dataset", field="retain_dataset")
 
-    last_seq = session.scalar(select(func.max(UnlearnRequest.queue_seq))
-                              .where(UnlearnRequest.base_model_id == model.id)) or 0
+    last_seq = (
+        session.scalar(
+            select(func.max(UnlearnRequest.queue_seq)).where(UnlearnRequest.base_model_id == model.id)
+        )
+        or 0
+    )
     request = UnlearnRequest(
-        tenant_id=tenant_id, base_model_id=model.id, forget_dataset_id=forget.id, retain_dataset_id=retain.id,
-        method=method, params=checked, meta=metadata or {}, idempotency_key=idempotency_key,
-        request_fingerprint=fp, queue_seq=last_seq + 1, status=RequestStatus.QUEUED,
-        total_steps=checked.get("max_steps"), created_by_key_id=actor_key_id)
+        tenant_id=tenant_id,
+        base_model_id=model.id,
+        forget_dataset_id=forget.id,
+        retain_dataset_id=retain.id,
+        method=method,
+        params=checked,
+        meta=metadata or {},
+        idempotency_key=idempotency_key,
+        request_fingerprint=fp,
+        queue_seq=last_seq + 1,
+        status=RequestStatus.QUEUED,
+        total_steps=checked.get("max_steps"),
+        created_by_key_id=actor_key_id,
+    )
     try:
         with session.begin_nested():
             session.add(request)
@@ -127,11 +172,23 @@ def create_request(session: Session, *, tenant_id: str, base_model: str, forget_
         if existing is None:
             raise
         return _replay(existing, fp), False
-    audit.append(session, action="unlearn_request.create", subject_type="unlearn_request",
-                 subject_id=request.id, actor=actor, actor_key_id=actor_key_id, tenant_id=tenant_id,
-                 data={"base_model": model.name, "method": method, "params": checked,
-                       "forget_sha256": forget.sha256, "retain_sha256": retain.sha256,
-                       "queue_seq": request.queue_seq})
+    audit.append(
+        session,
+        action="unlearn_request.create",
+        subject_type="unlearn_request",
+        subject_id=request.id,
+        actor=actor,
+        actor_key_id=actor_key_id,
+        tenant_id=tenant_id,
+        data={
+            "base_model": model.name,
+            "method": method,
+            "params": checked,
+            "forget_sha256": forget.sha256,
+            "retain_sha256": retain.sha256,
+            "queue_seq": request.queue_seq,
+        },
+    )
     return request, True
 
 
@@ -143,8 +200,15 @@ def get_request(session: Session, *, tenant_id: str | None, request_id: str) -> 
     return request
 
 
-def list_requests(session: Session, *, tenant_id: str | None, status: RequestStatus | None = None,
-                  base_model: str | None = None, limit: int = 100, offset: int = 0) -> list[UnlearnRequest]:
+def list_requests(
+    session: Session,
+    *,
+    tenant_id: str | None,
+    status: RequestStatus | None = None,
+    base_model: str | None = None,
+    limit: int = 100,
+    offset: int = 0,
+) -> list[UnlearnRequest]:
     """Newest first."""
     query = select(UnlearnRequest).order_by(UnlearnRequest.created_at.desc(), UnlearnRequest.id)
     if tenant_id is not None:
@@ -153,7 +217,8 @@ def list_requests(session: Session, *, tenant_id: str | None, status: RequestSta
         query = query.where(UnlearnRequest.status == status)
     if base_model is not None:
         query = query.join(BaseModel, UnlearnRequest.base_model_id == BaseModel.id).where(
-            BaseModel.name == base_model)
+            BaseModel.name == base_model
+        )
     return list(session.scalars(query.limit(limit).offset(offset)))
 
 
@@ -161,15 +226,26 @@ def queue_position(session: Session, *, request: UnlearnRequest) -> int | None:
     """How many unfinished requests of the same base model are ahead of a queued one (None once it left)."""
     if request.status != RequestStatus.QUEUED:
         return None
-    return session.scalar(select(func.count()).select_from(UnlearnRequest).where(
-        UnlearnRequest.base_model_id == request.base_model_id, UnlearnRequest.queue_seq < request.queue_seq,
-        UnlearnRequest.status.not_in(TERMINAL_STATUSES)))
+    return session.scalar(
+        select(func.count())
+        .select_from(UnlearnRequest)
+        .where(
+            UnlearnRequest.base_model_id == request.base_model_id,
+            UnlearnRequest.queue_seq < request.queue_seq,
+            UnlearnRequest.status.not_in(TERMINAL_STATUSES),
+        )
+    )
 
 
-def list_events(session: Session, *, request_id: str, after_step: int | None = None,
-                limit: int | None = None) -> list[dict[str, Any]]:
+def list_events(
+    session: Session, *, request_id: str, after_step: int | None = None, limit: int | None = None
+) -> list[dict[str, Any]]:
     """The request's history records in step order (optionally only steps after `after_step`)."""
-    query = select(TrainingEvent.record).where(TrainingEvent.request_id == request_id).order_by(TrainingEvent.step)
+    query = (
+        select(TrainingEvent.record)
+        .where(TrainingEvent.request_id == request_id)
+        .order_by(TrainingEvent.step)
+    )
     if after_step is not None:
         query = query.where(TrainingEvent.step > after_step)
     if limit is not None:
@@ -177,28 +253,49 @@ def list_events(session: Session, *, request_id: str, after_step: int | None = N
     return list(session.scalars(query))
 
 
-def cancel_request(session: Session, *, tenant_id: str, request_id: str, actor: str,
-                   actor_key_id: str | None = None, reason: str | None = None) -> UnlearnRequest:
+def cancel_request(
+    session: Session,
+    *,
+    tenant_id: str,
+    request_id: str,
+    actor: str,
+    actor_key_id: str | None = None,
+    reason: str | None = None,
+) -> UnlearnRequest:
     """Cancel: queued -> cancelled now; running/evaluating -> cancelling. Conflict once it has finished."""
-    request = session.scalars(select(UnlearnRequest).where(UnlearnRequest.id == request_id)
-                              .with_for_update().execution_options(populate_existing=True)).one_or_none()
+    request = session.scalars(
+        select(UnlearnRequest)
+        .where(UnlearnRequest.id == request_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).one_or_none()
     if request is None or request.tenant_id != tenant_id:
         raise NotFound(f"no unlearn request {request_id!r}")
     status = RequestStatus(request.status)
     if status in (RequestStatus.CANCELLED, RequestStatus.CANCELLING):
         return request  # already asked for: nothing changes
     if status in TERMINAL_STATUSES:
-        raise Conflict(f"request {request_id} has already {status.value}; finished requests never change",
-                       code="already_finished")
+        raise Conflict(
+            f"request {request_id} has already {status.value}; finished requests never change",
+            code="already_finished",
+        )
     now = utcnow()
     request.cancel_requested_at = now
     if status == RequestStatus.QUEUED:
         request.status, request.finished_at = RequestStatus.CANCELLED, now
     else:
         request.status = RequestStatus.CANCELLING
-    audit.append(session, action="unlearn_request.cancel", subject_type="unlearn_request", subject_id=request.id,
-                 actor=actor, actor_key_id=actor_key_id, tenant_id=request.tenant_id, reason=reason,
-                 data={"from": status.value, "to": request.status.value})
+    audit.append(
+        session,
+        action="unlearn_request.cancel",
+        subject_type="unlearn_request",
+        subject_id=request.id,
+        actor=actor,
+        actor_key_id=actor_key_id,
+        tenant_id=request.tenant_id,
+        reason=reason,
+        data={"from": status.value, "to": request.status.value},
+    )
     return request
 
 
@@ -238,17 +335,34 @@ class WorkItem:
 
 
 def _ref(dataset: Dataset) -> DatasetRef:
-    return DatasetRef(id=dataset.id, name=dataset.name, storage_key=dataset.storage_key, sha256=dataset.sha256,
-                      kind=dataset.kind, format=dataset.format, rows=dataset.rows)
+    return DatasetRef(
+        id=dataset.id,
+        name=dataset.name,
+        storage_key=dataset.storage_key,
+        sha256=dataset.sha256,
+        kind=dataset.kind,
+        format=dataset.format,
+        rows=dataset.rows,
+    )
 
 
 def load_work_item(session: Session, *, request_id: str) -> WorkItem:
-    """The request with its base model and its datasets' storage keys; NotFound if there is no such request."""
+    """The request with its base model and its datasets' storage keys; NotFound if missing."""
     request = get_request(session, tenant_id=None, request_id=request_id)
     return WorkItem(
-        request_id=request.id, tenant_id=request.tenant_id, status=RequestStatus(request.status),
-        method=request.method, params=dict(request.params or {}), metadata=dict(request.meta or {}),
-        base_model_id=request.base_model_id, base_model_name=request.base_model.name,
-        base_model_source=request.base_model.source, forget=_ref(request.forget_dataset),
-        retain=_ref(request.retain_dataset), queue_seq=request.queue_seq, attempts=request.attempts,
-        checkpoint_key=request.checkpoint_key, created_at=request.created_at)
+        request_id=request.id,
+        tenant_id=request.tenant_id,
+        status=RequestStatus(request.status),
+        method=request.method,
+        params=dict(request.params or {}),
+        metadata=dict(request.meta or {}),
+        base_model_id=request.base_model_id,
+        base_model_name=request.base_model.name,
+        base_model_source=request.base_model.source,
+        forget=_ref(request.forget_dataset),
+        retain=_ref(request.retain_dataset),
+        queue_seq=request.queue_seq,
+        attempts=request.attempts,
+        checkpoint_key=request.checkpoint_key,
+        created_at=request.created_at,
+    )

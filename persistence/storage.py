@@ -81,7 +81,10 @@ def archive_dir(src: str | Path, dest: IO[bytes]) -> None:
     src = Path(src)
     if not src.is_dir():
         raise StorageError(f"{src}: not a directory")
-    with gzip.GzipFile(fileobj=dest, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
+    with (
+        gzip.GzipFile(filename="", fileobj=dest, mode="wb", mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w") as tar,
+    ):
         for path in sorted(p for p in src.rglob("*") if not p.is_symlink()):
             if not (path.is_file() or path.is_dir()):
                 continue
@@ -263,8 +266,9 @@ class S3Storage(Storage):
     def put_file(self, key: str, path: str | Path) -> StoredObject:
         digest, size = sha256_file(path), Path(path).stat().st_size
         with self._errors(key):
-            self.client.upload_file(str(path), self.bucket, self._name(key),
-                                    ExtraArgs={"Metadata": {"sha256": digest}})
+            self.client.upload_file(
+                str(path), self.bucket, self._name(key), ExtraArgs={"Metadata": {"sha256": digest}}
+            )
         return StoredObject(key, digest, size)
 
     def open(self, key: str) -> IO[bytes]:

@@ -27,25 +27,31 @@ def test_schema_matches_engine_config(method):
         pytest.skip(f"engine module not importable: {exc}")
     fields = {f.name for f in dataclasses.fields(config_class)} - NOT_TUNABLE
     assert set(METHOD_PARAMS[method]) == fields
-    defaults = {f.name: getattr(config_class(), f.name) for f in dataclasses.fields(config_class)
-                if f.name not in NOT_TUNABLE}
+    defaults = {
+        f.name: getattr(config_class(), f.name)
+        for f in dataclasses.fields(config_class)
+        if f.name not in NOT_TUNABLE
+    }
     defaults = {k: list(v) if isinstance(v, tuple) else v for k, v in defaults.items()}
     assert validate_params(method, defaults) == defaults  # every default is inside its declared range
 
 
-@pytest.mark.parametrize(("params", "field"), [
-    ({"tau": 0}, "tau"),
-    ({"tau": 1.5}, "tau"),
-    ({"max_steps": 0}, "max_steps"),
-    ({"max_steps": 2.5}, "max_steps"),
-    ({"max_steps": True}, "max_steps"),
-    ({"eps_mul": "big"}, "eps_mul"),
-    ({"eps_mul": float("nan")}, "eps_mul"),
-    ({"no_such_field": 1}, "no_such_field"),
-    ({"forget_tokens": "some"}, "forget_tokens"),
-    ({"lambda0": 0.05}, "lambda0"),
-    ({"use_lora": 1}, "use_lora"),
-])
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"tau": 0}, "tau"),
+        ({"tau": 1.5}, "tau"),
+        ({"max_steps": 0}, "max_steps"),
+        ({"max_steps": 2.5}, "max_steps"),
+        ({"max_steps": True}, "max_steps"),
+        ({"eps_mul": "big"}, "eps_mul"),
+        ({"eps_mul": float("nan")}, "eps_mul"),
+        ({"no_such_field": 1}, "no_such_field"),
+        ({"forget_tokens": "some"}, "forget_tokens"),
+        ({"lambda0": 0.05}, "lambda0"),
+        ({"use_lora": 1}, "use_lora"),
+    ],
+)
 def test_bad_params_name_the_field(params, field):
     with pytest.raises(ParamError) as info:
         validate_params("blade", params)
@@ -54,7 +60,10 @@ def test_bad_params_name_the_field(params, field):
 
 def test_good_params_pass_and_ints_normalise():
     assert validate_params("blade", {"max_steps": 5.0, "tau": 0.6, "epsilon": None}) == {
-        "max_steps": 5, "tau": 0.6, "epsilon": None}
+        "max_steps": 5,
+        "tau": 0.6,
+        "epsilon": None,
+    }
     assert validate_params("npo", None) == {}
     with pytest.raises(ParamError) as info:
         validate_params("nope", {})

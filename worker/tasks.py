@@ -43,7 +43,6 @@ from sqlalchemy import select
 from persistence import jobs
 from persistence.db import session_scope
 from persistence.models import (
-    AdapterState,
     AdapterVersion,
     BaseModel,
     RequestStatus,
@@ -81,6 +80,20 @@ def _after_fork(**_: Any) -> None:
         engine.dispose(close=False)
     global WORKER_ID
     WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+
+
+@signals.worker_init.connect(weak=False)
+def _preload(**_: Any) -> None:
+    """Import the ML stack once in the main process, so each forked pool child (one per task on the GPU queue)
+    starts in milliseconds instead of re-importing torch. Importing torch does not initialise CUDA: that still
+    happens only inside a task, in the child."""
+    try:
+        import blade_core.evaluation.generation  # noqa: F401
+        import blade_core.evaluation.request  # noqa: F401
+        import blade_core.lora  # noqa: F401
+        import blade_core.unlearn  # noqa: F401
+    except ImportError as exc:  # the [ml] extra is missing: tasks will fail with a readable error
+        log.warning("worker.preload_failed", extra={"error": repr(exc)})
 
 
 # --- storage keys and local paths -------------------------------------------------------------------------
@@ -170,10 +183,9 @@ def _sha256_file(path: Path) -> str:
 
 def active_stack(session: Any, *, base_model_id: str) -> list[AdapterVersion]:
     """The effective stack of a base model: its active adapter versions in version order."""
-    return list(session.scalars(select(AdapterVersion)
-                                .where(AdapterVersion.base_model_id == base_model_id,
-                                       AdapterVersion.state == AdapterState.ACTIVE)
-                                .order_by(AdapterVersion.version)))
+    from persistence import registry
+
+    return registry.effective_stack(session, session.get(BaseModel, base_model_id))
 
 
 # --- the lease heartbeat ----------------------------------------------------------------------------------
@@ -432,6 +444,12 @@ def _train(ctx: RunContext, lease: LeaseKeeper, base_ref: str, stack_dirs: list[
     ckpt_dir = ctx.workdir / "checkpoint"
     overrides = dict(ctx.params)
     overrides.setdefault("checkpoint_every", settings.checkpoint_every)
+    if stack_dirs and "lora_target_modules" not in overrides:
+        # The new adapter wraps the same modules as the stack below it (the engine's discovery of targets on
+        # a model that already carries LoRA layers would see peft's wrapper names instead).
+        targets = _adapter_targets(stack_dirs[-1])
+        if targets:
+            overrides["lora_target_modules"] = targets
     every = int(overrides["checkpoint_every"])
     total = overrides.get("max_steps")
 
@@ -492,6 +510,17 @@ def _train(ctx: RunContext, lease: LeaseKeeper, base_ref: str, stack_dirs: list[
         raise TaskFailure("invalid_request", str(exc)) from exc
 
 
+def _adapter_targets(adapter_dir: Path) -> list[str] | None:
+    """The `target_modules` of a PEFT adapter dir, when it lists them."""
+    import json
+
+    try:
+        targets = json.loads((adapter_dir / "adapter_config.json").read_text()).get("target_modules")
+    except (OSError, ValueError):
+        return None
+    return sorted(targets) if isinstance(targets, list) and targets else None
+
+
 def _observe(ctx: RunContext, record: dict[str, Any]) -> None:
     try:
         from worker.observability import observe_step
@@ -504,9 +533,6 @@ def _observe(ctx: RunContext, record: dict[str, Any]) -> None:
 def _register_adapter(session: Any, ctx: RunContext, *, request: UnlearnRequest, key: str, sha256: str,
                       size: int, run_status: str | None) -> AdapterVersion:
     """The request's adapter version: created once; a redelivery finds the one it made before."""
-    existing = session.scalars(select(AdapterVersion).where(AdapterVersion.request_id == ctx.request_id)).first()
-    if existing is not None:
-        return existing
     from persistence import registry
 
     hyper = dict(ctx.params)
@@ -514,9 +540,8 @@ def _register_adapter(session: Any, ctx: RunContext, *, request: UnlearnRequest,
     if run_status:
         hyper["run_status"] = run_status
     return registry.create_adapter_version(
-        session, request=request, storage_key=key, sha256=sha256, size_bytes=size,
-        forget_sha256=ctx.forget["sha256"], retain_sha256=ctx.retain["sha256"], hyperparameters=hyper,
-        parent_stack=[a["id"] for a in ctx.stack], actor=f"worker:{ctx.owner}")
+        session, request=request, artifact_key=key, sha256=sha256, size_bytes=size,
+        parent_stack=[a["id"] for a in ctx.stack], hyperparameters=hyper, actor=f"worker:{ctx.owner}")
 
 
 def _cleanup(ctx: RunContext) -> None:

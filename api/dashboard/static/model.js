@@ -1,0 +1,60 @@
+/* Model page: disable / enable an adapter (admin keys) with a reason and a confirmation, via the JSON API. */
+"use strict";
+(() => {
+  const dialog = document.getElementById("state-dialog");
+  if (!dialog) return; // read-only key: no buttons, no dialog
+  const reason = document.getElementById("dlg-reason");
+  const cascade = document.getElementById("dlg-cascade");
+  let pending = null;
+
+  document.addEventListener("click", (e) => {
+    const btn = e.target.closest(".state-btn");
+    if (!btn) return;
+    pending = { id: btn.dataset.id, version: btn.dataset.version, action: btn.dataset.action };
+    const disabling = pending.action === "disable";
+    document.getElementById("dlg-title").textContent = `${disabling ? "Disable" : "Enable"} version ${pending.version}`;
+    document.getElementById("dlg-text").textContent = disabling
+      ? "It will be removed from the effective model. Say why: the reason goes to the audit log with your key."
+      : "It will be part of the effective model again. Say why: the reason goes to the audit log with your key.";
+    document.getElementById("dlg-cascade-row").style.display = disabling ? "" : "none";
+    cascade.checked = false;
+    reason.value = "";
+    dialog.classList.remove("confirming");
+    dialog.showModal();
+    reason.focus();
+  });
+
+  dialog.querySelector("[data-close]").addEventListener("click", () => dialog.close());
+  document.getElementById("dlg-back").addEventListener("click", () => dialog.classList.remove("confirming"));
+  document.getElementById("dlg-next").addEventListener("click", () => {
+    if (!reason.value.trim()) { reason.focus(); reason.style.borderColor = "var(--bad)"; return; }
+    reason.style.borderColor = "";
+    const verb = pending.action === "disable" ? "Disable" : "Enable";
+    document.getElementById("dlg-confirm-text").textContent =
+      `${verb} version ${pending.version}` + (cascade.checked && pending.action === "disable" ? " and every version trained on top of it" : "") +
+      ` with the reason “${reason.value.trim()}”?`;
+    document.getElementById("dlg-confirm").textContent = verb;
+    dialog.classList.add("confirming");
+  });
+
+  document.getElementById("dlg-confirm").addEventListener("click", async () => {
+    const body = { reason: reason.value.trim() };
+    if (pending.action === "disable") body.cascade = cascade.checked;
+    const confirmBtn = document.getElementById("dlg-confirm");
+    confirmBtn.disabled = true;
+    try {
+      const d = await Blade.api("POST", `/adapters/${pending.id}/${pending.action}`, body);
+      dialog.close();
+      const flagged = (d && (d.flagged || d.affected || d.trained_on_different_stack)) || [];
+      const names = flagged.map((a) => (typeof a === "object" ? `v${a.version}` : a)).join(", ");
+      Blade.toast(`Version ${pending.version} ${pending.action}d.` +
+                  (names ? ` Trained on a different stack now: ${names}.` : ""), "ok");
+      await Blade.refreshNow();
+    } catch (err) {
+      dialog.close();
+      Blade.toast(err.message, "bad");
+    } finally {
+      confirmBtn.disabled = false;
+    }
+  });
+})();

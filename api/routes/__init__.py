@@ -1,0 +1,1 @@
+"""One router per domain; thin handlers: parse, call `persistence`, commit, shape the answer."""

@@ -1,0 +1,89 @@
+"""Adapter versions: get one, download its archive, disable (rollback) and enable (restore)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
+
+from api.deps import AdminKey, ReadKey, SessionDep, StorageDep
+from api.schemas import AdapterOut, DisableIn, EnableIn, StateChangeOut
+from persistence import auth, registry
+from persistence.errors import NotFound
+from persistence.models import AdapterVersion
+
+router = APIRouter(prefix="/adapters", tags=["adapters"])
+
+
+def _out(session, adapter: AdapterVersion) -> AdapterOut:
+    stale = registry.stale_flags(registry.list_stack(session, adapter.base_model))
+    return AdapterOut.of(adapter, stale=stale[adapter.id])
+
+
+def _change_out(session, change: registry.RegistryChange) -> StateChangeOut:
+    stale = registry.stale_flags(registry.list_stack(session, change.adapter.base_model))
+    return StateChangeOut(
+        adapter=AdapterOut.of(change.adapter, stale=stale[change.adapter.id]),
+        changed=change.changed,
+        flagged=[AdapterOut.of(a, stale=stale[a.id]) for a in change.flagged],
+        cascaded=[a.id for a in change.cascaded],
+    )
+
+
+@router.get("/{adapter_id}", response_model=AdapterOut)
+def get_adapter(adapter_id: str, session: SessionDep, key: ReadKey):
+    return _out(session, registry.get_adapter(session, adapter_id=adapter_id, tenant_id=key.tenant_id))
+
+
+@router.get(
+    "/{adapter_id}/download",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/gzip": {}}}},
+)
+def download(adapter_id: str, session: SessionDep, storage: StorageDep, key: ReadKey):
+    """The adapter's PEFT files as the stored `.tar.gz` archive."""
+    adapter = registry.get_adapter(session, adapter_id=adapter_id, tenant_id=key.tenant_id)
+    if not storage.exists(adapter.storage_key):
+        raise NotFound(f"adapter {adapter_id}: its archive is missing from storage", code="artifact_missing")
+    name = f"{adapter.base_model.name}-v{adapter.version}-{adapter.id}.tar.gz"
+    return StreamingResponse(
+        storage.iter_chunks(adapter.storage_key),
+        media_type="application/gzip",
+        headers={
+            "Content-Disposition": f'attachment; filename="{name}"',
+            "Content-Length": str(storage.size(adapter.storage_key)),
+            "X-Content-SHA256": adapter.sha256,
+        },
+    )
+
+
+@router.post("/{adapter_id}/disable", response_model=StateChangeOut)
+def disable(adapter_id: str, body: DisableIn, session: SessionDep, key: AdminKey):
+    """Roll back: take it out of the effective model; lists (`cascade`: disables) adapters built on it."""
+    change = registry.disable(
+        session,
+        adapter_id=adapter_id,
+        reason=body.reason,
+        cascade=body.cascade,
+        actor=auth.actor_of(key),
+        actor_key_id=key.id,
+        tenant_id=key.tenant_id,
+        operator=auth.is_operator(key),
+    )
+    session.commit()
+    return _change_out(session, change)
+
+
+@router.post("/{adapter_id}/enable", response_model=StateChangeOut)
+def enable(adapter_id: str, body: EnableIn, session: SessionDep, key: AdminKey):
+    """Restore a disabled adapter; lists later adapters that were trained while it was out."""
+    change = registry.enable(
+        session,
+        adapter_id=adapter_id,
+        reason=body.reason,
+        actor=auth.actor_of(key),
+        actor_key_id=key.id,
+        tenant_id=key.tenant_id,
+        operator=auth.is_operator(key),
+    )
+    session.commit()
+    return _change_out(session, change)

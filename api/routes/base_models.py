@@ -1,0 +1,73 @@
+"""Base-model registry: register, list, get; a model's adapter stack; greedy generation by base + stack."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from api.deps import AdminKey, ReadKey, SessionDep, SettingsDep
+from api.schemas import AdapterOut, BaseModelIn, BaseModelOut, GenerateIn, GenerateOut
+from persistence import auth, base_models, registry
+from persistence.errors import GatewayTimeout, ServiceError, Unavailable
+
+router = APIRouter(prefix="/base-models", tags=["base models"])
+
+
+@router.post("", status_code=201, response_model=BaseModelOut)
+def register_base_model(body: BaseModelIn, session: SessionDep, key: AdminKey):
+    """Register a base model for your tenant (or, with `shared`, for every tenant)."""
+    model = base_models.register(
+        session,
+        name=body.name,
+        source=body.source,
+        description=body.description,
+        tenant_id=None if body.shared else key.tenant_id,
+        actor=auth.actor_of(key),
+        actor_key_id=key.id,
+        audit_tenant_id=key.tenant_id,
+    )
+    session.commit()
+    return BaseModelOut.of(model)
+
+
+@router.get("", response_model=list[BaseModelOut])
+def list_base_models(session: SessionDep, key: ReadKey):
+    return [BaseModelOut.of(m) for m in base_models.list_visible(session, tenant_id=key.tenant_id)]
+
+
+@router.get("/{name}", response_model=BaseModelOut)
+def get_base_model(name: str, session: SessionDep, key: ReadKey):
+    return BaseModelOut.of(base_models.get_visible(session, name=name, tenant_id=key.tenant_id))
+
+
+@router.get("/{name}/adapters", response_model=list[AdapterOut])
+def adapter_stack(name: str, session: SessionDep, key: ReadKey):
+    """Every adapter version of the model in stack order, active and disabled."""
+    model = base_models.get_visible(session, name=name, tenant_id=key.tenant_id)
+    stack = registry.list_stack(session, model)
+    stale = registry.stale_flags(stack)
+    return [AdapterOut.of(a, stale=stale[a.id]) for a in stack]
+
+
+@router.post("/{name}/generate", response_model=GenerateOut)
+def generate(name: str, body: GenerateIn, session: SessionDep, settings: SettingsDep, key: ReadKey):
+    """Greedy completion by the base model plus its active adapters, computed on a worker (bounded wait)."""
+    model = base_models.get_visible(session, name=name, tenant_id=key.tenant_id)
+    stack = [a.id for a in registry.effective_stack(session, model)]
+    session.close()  # hold no connection while waiting for the worker
+    text = _dispatch_generate(model.name, body.prompt, body.max_new_tokens, settings.generate_timeout_s)
+    return GenerateOut(base_model=model.name, prompt=body.prompt, text=text, stack=stack)
+
+
+def _dispatch_generate(base_model: str, prompt: str, max_new_tokens: int, timeout: float) -> str:
+    from worker import dispatch
+
+    try:
+        return dispatch.generate(base_model, prompt, max_new_tokens=max_new_tokens, timeout=timeout)
+    except TimeoutError:
+        raise GatewayTimeout(f"no worker answered within {timeout:g} s", code="generate_timeout") from None
+    except dispatch.DispatchError as exc:
+        if exc.code.endswith("unavailable"):
+            raise Unavailable(exc.message, code=exc.code) from None
+        error = ServiceError(exc.message, code=exc.code)
+        error.status = 502
+        raise error from None

@@ -1,0 +1,54 @@
+"""`POST /datasets` (multipart `file`), `GET /datasets`, `GET /datasets/{id}`."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, File, Query, UploadFile
+
+from api.deps import ReadKey, SessionDep, SettingsDep, StorageDep, SubmitKey
+from api.schemas import DatasetOut
+from persistence import auth, datasets
+from persistence.errors import Invalid, TooLarge
+
+router = APIRouter(prefix="/datasets", tags=["datasets"])
+
+
+@router.post("", status_code=201, response_model=DatasetOut)
+def upload_dataset(
+    session: SessionDep,
+    storage: StorageDep,
+    settings: SettingsDep,
+    key: SubmitKey,
+    file: UploadFile = File(description="JSON, JSON Lines or .txt; QA rows or text rows"),
+):
+    """Store a forget/retain dataset after checking every row (errors name the file, line and field)."""
+    data = file.file.read(settings.max_upload_bytes + 1)
+    if len(data) > settings.max_upload_bytes:
+        raise TooLarge(f"file: larger than the {settings.max_upload_bytes} byte limit", field="file")
+    if not data:
+        raise Invalid(f"{file.filename or 'file'}: the file is empty", code="invalid_dataset", field="file")
+    dataset = datasets.create_dataset(
+        session,
+        storage,
+        tenant_id=key.tenant_id,
+        filename=file.filename,
+        data=data,
+        actor=auth.actor_of(key),
+        actor_key_id=key.id,
+    )
+    session.commit()
+    return DatasetOut.of(dataset)
+
+
+@router.get("", response_model=list[DatasetOut])
+def list_datasets(
+    session: SessionDep, key: ReadKey, limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0)
+):
+    return [
+        DatasetOut.of(d)
+        for d in datasets.list_datasets(session, tenant_id=key.tenant_id, limit=limit, offset=offset)
+    ]
+
+
+@router.get("/{dataset_id}", response_model=DatasetOut)
+def get_dataset(dataset_id: str, session: SessionDep, key: ReadKey):
+    return DatasetOut.of(datasets.get_dataset(session, tenant_id=key.tenant_id, dataset_id=dataset_id))

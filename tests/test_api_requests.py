@@ -1,0 +1,215 @@
+"""`/unlearn-requests`: up-front validation, 202 + enqueue, idempotency, reads, events, metrics, cancel."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from sqlalchemy import update
+
+from persistence.models import RequestStatus, TrainingEvent, UnlearnRequest
+from tests.fixtures_services import headers, qa_rows, register_model, row_counts, upload_dataset
+
+pytestmark = pytest.mark.services
+
+
+def submit(client, ready, key=None, idem=None, **overrides):
+    extra = {"Idempotency-Key": idem} if idem else {}
+    return client.post(
+        "/unlearn-requests", headers=headers(key or ready.tenant.admin, **extra), json=ready.body(**overrides)
+    )
+
+
+def set_status(api_app, request_id: str, status: RequestStatus, **values):
+    with api_app.state.session_factory() as s, s.begin():
+        s.execute(
+            update(UnlearnRequest).where(UnlearnRequest.id == request_id).values(status=status, **values)
+        )
+
+
+def test_submit_queues_and_enqueues(api_client, ready, enqueued):
+    resp = submit(api_client, ready, metadata={"ticket": "DSR-1"})
+    assert resp.status_code == 202, resp.text
+    body = resp.json()
+    assert body["status"] == "queued" and body["base_model"] == ready.base_model
+    assert body["params"] == {"max_steps": 5} and body["metadata"] == {"ticket": "DSR-1"}
+    assert body["progress"] == {"step": 0, "total_steps": 5, "fraction": 0.0}
+    assert body["adapter_id"] is None and body["error"] is None and body["queue_seq"] == 1
+    assert enqueued[-1] == body["id"]
+    got = api_client.get(f"/unlearn-requests/{body['id']}", headers=headers(ready.tenant.admin)).json()
+    assert got["id"] == body["id"] and got["queue_position"] == 0
+
+
+def test_default_method_is_blade_and_queue_order_follows_submission(api_client, ready):
+    first = submit(api_client, ready, method=None, params=None).json()
+    second = submit(api_client, ready).json()
+    assert first["method"] == "blade" and first["params"] == {} and first["progress"]["total_steps"] is None
+    assert second["queue_seq"] == first["queue_seq"] + 1
+    got = api_client.get(f"/unlearn-requests/{second['id']}", headers=headers(ready.tenant.admin)).json()
+    assert got["queue_position"] == 1
+    listed = api_client.get("/unlearn-requests", headers=headers(ready.tenant.admin)).json()
+    assert [r["id"] for r in listed] == [second["id"], first["id"]]
+    queued = api_client.get("/unlearn-requests?status=cancelled", headers=headers(ready.tenant.admin)).json()
+    assert queued == []
+
+
+BAD_BODIES = [
+    # (overrides, status, field)
+    ({"method": "forget_everything"}, 422, "method"),
+    ({"params": {"tau": 5}}, 422, "params.tau"),
+    ({"params": {"max_steps": 0}}, 422, "params.max_steps"),
+    ({"params": {"max_step": 10}}, 422, "params.max_step"),
+    ({"params": {"eps_mul": "lots"}}, 422, "params.eps_mul"),
+    ({"method": "npo", "params": {"tau": 0.5}}, 422, "params.tau"),
+    ({"params": [1, 2]}, 422, "params"),
+    ({"base_model": "no-such-model"}, 422, "base_model"),
+    ({"forget_dataset": "ds_missing"}, 422, "forget_dataset"),
+    ({"retain_dataset": "ds_missing"}, 422, "retain_dataset"),
+    ({"metadata": "not an object"}, 422, "metadata"),
+    ({"surprise": True}, 422, "surprise"),
+    ({"base_model": None}, 422, "base_model"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "status", "field"), BAD_BODIES)
+def test_bad_requests_name_the_field_and_store_nothing(
+    api_client, ready, db_engine, enqueued, overrides, status, field
+):
+    before, sent = row_counts(db_engine), len(enqueued)
+    resp = submit(api_client, ready, **overrides)
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert error["field"] == field and field.split(".")[-1] in error["message"] and error["code"]
+    assert row_counts(db_engine) == before and len(enqueued) == sent
+
+
+def test_same_dataset_twice_and_missing_fields_are_refused(api_client, ready, db_engine):
+    before = row_counts(db_engine)
+    resp = submit(api_client, ready, retain_dataset=ready.forget)
+    assert resp.status_code == 422 and resp.json()["error"]["field"] == "retain_dataset"
+    resp = api_client.post("/unlearn-requests", headers=headers(ready.tenant.admin), json={"base_model": "x"})
+    assert resp.status_code == 422 and resp.json()["error"]["field"] in ("forget_dataset", "retain_dataset")
+    resp = api_client.post(
+        "/unlearn-requests",
+        headers={**headers(ready.tenant.admin), "Content-Type": "application/json"},
+        content=b"{nope",
+    )
+    assert resp.status_code == 422 and "invalid JSON" in resp.json()["error"]["message"]
+    assert row_counts(db_engine) == before
+
+
+def test_another_tenants_dataset_and_model_are_unknown(api_client, ready, make_key, db_engine):
+    other = make_key(f"t-{uuid.uuid4().hex[:8]}", ["admin"])
+    their_model = register_model(api_client, other)
+    their_data = upload_dataset(api_client, other, qa_rows(2))["id"]
+    before = row_counts(db_engine)
+    resp = submit(api_client, ready, forget_dataset=their_data)
+    assert resp.status_code == 422 and resp.json()["error"]["field"] == "forget_dataset"
+    resp = submit(api_client, ready, base_model=their_model)
+    assert resp.status_code == 422 and resp.json()["error"]["field"] == "base_model"
+    assert row_counts(db_engine) == before
+
+
+def test_idempotency_key_returns_the_original(api_client, ready, enqueued, db_engine):
+    key = f"idem-{uuid.uuid4().hex}"
+    first = submit(api_client, ready, idem=key)
+    sent = len(enqueued)
+    before = row_counts(db_engine)
+    again = submit(api_client, ready, idem=key)
+    assert first.status_code == again.status_code == 202
+    assert again.json()["id"] == first.json()["id"] and again.headers["Idempotent-Replayed"] == "true"
+    assert len(enqueued) == sent and row_counts(db_engine) == before
+    changed = submit(api_client, ready, idem=key, params={"max_steps": 6})
+    assert changed.status_code == 409 and changed.json()["error"]["code"] == "idempotency_key_reused"
+    assert submit(api_client, ready, idem=f"other-{key}").json()["id"] != first.json()["id"]
+
+
+def test_idempotency_keys_are_per_tenant(api_client, ready, make_key):
+    key = f"idem-{uuid.uuid4().hex}"
+    mine = submit(api_client, ready, idem=key).json()
+    other = make_key(f"t-{uuid.uuid4().hex[:8]}", ["admin"])
+    forget = upload_dataset(api_client, other, qa_rows(2))["id"]
+    retain = upload_dataset(api_client, other, qa_rows(3))["id"]
+    model = register_model(api_client, other)
+    theirs = api_client.post(
+        "/unlearn-requests",
+        headers=headers(other, **{"Idempotency-Key": key}),
+        json={"base_model": model, "forget_dataset": forget, "retain_dataset": retain},
+    )
+    assert theirs.status_code == 202 and theirs.json()["id"] != mine["id"]
+
+
+def test_cancel_queued_is_immediate_and_final(api_client, ready, db_engine):
+    request_id = submit(api_client, ready).json()["id"]
+    resp = api_client.post(
+        f"/unlearn-requests/{request_id}/cancel",
+        headers=headers(ready.tenant.admin),
+        json={"reason": "user withdrew"},
+    )
+    assert resp.status_code == 200 and resp.json()["status"] == "cancelled"
+    assert resp.json()["finished_at"] and resp.json()["cancel_requested_at"]
+    again = api_client.post(f"/unlearn-requests/{request_id}/cancel", headers=headers(ready.tenant.admin))
+    assert again.status_code == 200 and again.json()["status"] == "cancelled"
+
+
+def test_cancel_running_asks_the_worker(api_client, api_app, ready):
+    request_id = submit(api_client, ready).json()["id"]
+    set_status(api_app, request_id, RequestStatus.RUNNING)
+    resp = api_client.post(f"/unlearn-requests/{request_id}/cancel", headers=headers(ready.tenant.admin))
+    assert resp.status_code == 200 and resp.json()["status"] == "cancelling"
+
+
+@pytest.mark.parametrize("final", [RequestStatus.SUCCEEDED, RequestStatus.FAILED])
+def test_finished_requests_never_change(api_client, api_app, ready, final):
+    request_id = submit(api_client, ready).json()["id"]
+    set_status(
+        api_app,
+        request_id,
+        final,
+        error_code="boom" if final == RequestStatus.FAILED else None,
+        error_message="it broke" if final == RequestStatus.FAILED else None,
+    )
+    resp = api_client.post(f"/unlearn-requests/{request_id}/cancel", headers=headers(ready.tenant.admin))
+    assert resp.status_code == 409 and resp.json()["error"]["code"] == "already_finished"
+    got = api_client.get(f"/unlearn-requests/{request_id}", headers=headers(ready.tenant.admin)).json()
+    assert got["status"] == final.value
+    if final == RequestStatus.FAILED:
+        assert got["error"] == {"code": "boom", "message": "it broke", "field": None}
+
+
+def test_events_in_step_order_and_metrics(api_client, api_app, ready):
+    request_id = submit(api_client, ready).json()["id"]
+    with api_app.state.session_factory() as s, s.begin():
+        for step in (3, 1, 2):
+            s.add(
+                TrainingEvent(
+                    request_id=request_id,
+                    step=step,
+                    record={"step": step, "L_fgt": 1.0 / step, "L_ret": 0.5, "lambda": 1.0},
+                )
+            )
+        s.execute(
+            update(UnlearnRequest)
+            .where(UnlearnRequest.id == request_id)
+            .values(step=3, metrics_before={"forget": {"Prob": 0.9}}, metrics_after={"forget": {"Prob": 0.1}})
+        )
+    h = headers(ready.tenant.admin)
+    events = api_client.get(f"/unlearn-requests/{request_id}/events", headers=h).json()
+    assert [e["step"] for e in events] == [1, 2, 3] and events[0]["L_fgt"] == 1.0
+    newer = api_client.get(f"/unlearn-requests/{request_id}/events?after_step=1", headers=h).json()
+    assert [e["step"] for e in newer] == [2, 3]
+    metrics = api_client.get(f"/unlearn-requests/{request_id}/metrics", headers=h).json()
+    assert metrics["before"] == {"forget": {"Prob": 0.9}} and metrics["after"] == {"forget": {"Prob": 0.1}}
+    assert api_client.get(f"/unlearn-requests/{request_id}", headers=h).json()["progress"]["fraction"] == 0.6
+
+
+def test_missing_request_is_404_everywhere(api_client, tenant):
+    h = headers(tenant.admin)
+    for method, path in (
+        ("get", "/unlearn-requests/req_nope"),
+        ("get", "/unlearn-requests/req_nope/events"),
+        ("get", "/unlearn-requests/req_nope/metrics"),
+        ("post", "/unlearn-requests/req_nope/cancel"),
+    ):
+        resp = getattr(api_client, method)(path, headers=h)
+        assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found", path

@@ -1,0 +1,125 @@
+"""Authentication, scopes and tenant isolation: another tenant's rows are a 404, never a 403."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from tests.fixtures_services import headers, register_model, row_counts
+
+pytestmark = pytest.mark.services
+
+
+def test_requests_without_a_valid_key_are_401(api_client):
+    for h in (
+        {},
+        {"Authorization": "Bearer"},
+        {"Authorization": "Basic abc"},
+        {"Authorization": "Bearer blade_not_a_real_key"},
+    ):
+        resp = api_client.get("/unlearn-requests", headers=h)
+        assert resp.status_code == 401 and resp.json()["error"]["code"] in (
+            "missing_api_key",
+            "invalid_api_key",
+        )
+        assert resp.headers["www-authenticate"] == "Bearer"
+
+
+def test_scopes(api_client, tenant, make_key, ready):
+    read = make_key(tenant.name, ["read"])
+    submit = make_key(tenant.name, ["submit"])
+    assert api_client.get("/unlearn-requests", headers=headers(read)).status_code == 200
+    assert api_client.post("/unlearn-requests", headers=headers(read), json={}).status_code == 403
+    assert api_client.get("/unlearn-requests", headers=headers(submit)).status_code == 403
+    assert (
+        api_client.post(
+            "/base-models", headers=headers(submit), json={"name": "x", "source": "y"}
+        ).status_code
+        == 403
+    )
+    assert (
+        api_client.post(
+            "/api-keys", headers=headers(read), json={"name": "k", "scopes": ["admin"]}
+        ).status_code
+        == 403
+    )
+    me = api_client.get("/me", headers=headers(read)).json()
+    assert me["tenant"] == tenant.name and me["scopes"] == ["read"] and me["prefix"] == read[:12]
+
+
+def test_keys_are_stored_hashed_and_can_be_revoked(api_client, tenant, db_session):
+    from sqlalchemy import select
+
+    from persistence.models import ApiKey
+
+    created = api_client.post(
+        "/api-keys", headers=headers(tenant.admin), json={"name": "ci", "scopes": ["read", "submit"]}
+    ).json()
+    secret = created["key"]
+    stored = db_session.scalars(select(ApiKey).where(ApiKey.id == created["id"])).one()
+    assert secret not in (stored.key_hash, stored.prefix) and len(stored.key_hash) == 64
+    assert created["scopes"] == ["submit", "read"]
+    assert api_client.get("/me", headers=headers(secret)).status_code == 200
+    resp = api_client.post(f"/api-keys/{created['id']}/revoke", headers=headers(tenant.admin))
+    assert resp.status_code == 200 and resp.json()["revoked_at"]
+    assert api_client.get("/me", headers=headers(secret)).status_code == 401
+    bad = api_client.post("/api-keys", headers=headers(tenant.admin), json={"name": "x", "scopes": ["root"]})
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "scopes"
+
+
+def test_only_the_default_tenant_makes_keys_for_others(api_client, tenant):
+    resp = api_client.post(
+        "/api-keys",
+        headers=headers(tenant.admin),
+        json={"name": "x", "scopes": ["read"], "tenant": "someone-else"},
+    )
+    assert resp.status_code == 403 and resp.json()["error"]["field"] == "tenant"
+
+
+def test_tenant_isolation(api_client, ready, make_key, db_engine):
+    mine = headers(ready.tenant.admin)
+    request_id = api_client.post("/unlearn-requests", headers=mine, json=ready.body()).json()["id"]
+    other = headers(make_key(f"t-{uuid.uuid4().hex[:8]}", ["admin"]))
+    before = row_counts(db_engine)
+    for path in (
+        f"/datasets/{ready.forget}",
+        f"/unlearn-requests/{request_id}",
+        f"/unlearn-requests/{request_id}/events",
+        f"/unlearn-requests/{request_id}/metrics",
+        f"/base-models/{ready.base_model}",
+        f"/base-models/{ready.base_model}/adapters",
+    ):
+        resp = api_client.get(path, headers=other)
+        assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found", path
+    assert api_client.post(f"/unlearn-requests/{request_id}/cancel", headers=other).status_code == 404
+    assert api_client.get("/unlearn-requests", headers=other).json() == []
+    assert api_client.get("/datasets", headers=other).json() == []
+    assert ready.base_model not in [m["name"] for m in api_client.get("/base-models", headers=other).json()]
+    theirs = {e["subject_id"] for e in api_client.get("/audit-log?limit=1000", headers=other).json()}
+    assert not theirs & {request_id, ready.forget, ready.retain}
+    assert row_counts(db_engine) == before
+    assert api_client.get(f"/unlearn-requests/{request_id}", headers=mine).json()["status"] == "queued"
+
+
+def test_the_operator_sees_every_tenants_audit_entries(api_client, ready, admin_key):
+    mine = headers(ready.tenant.admin)
+    request_id = api_client.post("/unlearn-requests", headers=mine, json=ready.body()).json()["id"]
+    for key in (mine, headers(admin_key)):
+        seen = api_client.get(f"/audit-log?subject_id={request_id}", headers=key).json()
+        assert [e["action"] for e in seen] == ["unlearn_request.create"]
+
+
+def test_shared_base_models_are_visible_to_everyone(api_client, tenant, make_key):
+    name = register_model(api_client, tenant.admin, shared=True)
+    other = headers(make_key(f"t-{uuid.uuid4().hex[:8]}", ["read"]))
+    got = api_client.get(f"/base-models/{name}", headers=other)
+    assert got.status_code == 200 and got.json()["shared"] is True
+    again = api_client.post(
+        "/base-models", headers=headers(tenant.admin), json={"name": name, "source": "/y"}
+    )
+    assert again.status_code == 409 and again.json()["error"]["code"] == "base_model_exists"
+    bad = api_client.post(
+        "/base-models", headers=headers(tenant.admin), json={"name": "../etc", "source": "/y"}
+    )
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "name"
