@@ -5,7 +5,7 @@ Two kinds of metric live here:
 - the state of the service, read from the database at scrape time (cached for `SNAPSHOT_TTL_S`, so a busy
   Prometheus or several of them cost one set of queries): requests by state and method, queue depth per
   queue (the broker's count) and the oldest queued request, time in queue and training duration and steps of
-  finished requests (histograms over the request table), step / lambda / L_fgt / L_ret / epsilon and outer-step
+  finished requests (histograms over the request table), step / lambda / L_fgt / L_ret / epsilon and step
   rate of each running request (from its latest training events), workers alive and each one's heartbeat
   age, GPU memory peak reported by workers, adapters by state.
 
@@ -26,7 +26,14 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
@@ -104,7 +111,9 @@ def running_dynamics(session: Session, request_ids: list[str]) -> dict[str, dict
     for rid in request_ids:
         rows = session.execute(
             select(TrainingEvent.step, TrainingEvent.record, TrainingEvent.created_at)
-            .where(TrainingEvent.request_id == rid).order_by(TrainingEvent.step.desc()).limit(RATE_WINDOW)
+            .where(TrainingEvent.request_id == rid)
+            .order_by(TrainingEvent.step.desc())
+            .limit(RATE_WINDOW)
         ).all()
         if not rows:
             continue
@@ -123,29 +132,47 @@ def snapshot(session: Session, settings: Settings, *, broker: bool = True) -> di
     now = datetime.now(UTC)
     by_state_method = session.execute(
         select(UnlearnRequest.status, UnlearnRequest.method, func.count()).group_by(
-            UnlearnRequest.status, UnlearnRequest.method)
+            UnlearnRequest.status, UnlearnRequest.method
+        )
     ).all()
     oldest_queued = session.execute(
         select(func.min(UnlearnRequest.created_at)).where(UnlearnRequest.status == RequestStatus.QUEUED)
     ).scalar()
     waits = session.execute(
-        select(UnlearnRequest.created_at, UnlearnRequest.started_at).where(UnlearnRequest.started_at.is_not(None))
+        select(UnlearnRequest.created_at, UnlearnRequest.started_at).where(
+            UnlearnRequest.started_at.is_not(None)
+        )
     ).all()
     finished = session.execute(
-        select(UnlearnRequest.method, UnlearnRequest.status, UnlearnRequest.started_at,
-               UnlearnRequest.finished_at, UnlearnRequest.step)
-        .where(UnlearnRequest.status.in_([RequestStatus.SUCCEEDED, RequestStatus.FAILED,
-                                          RequestStatus.CANCELLED]),
-               UnlearnRequest.started_at.is_not(None), UnlearnRequest.finished_at.is_not(None))
+        select(
+            UnlearnRequest.method,
+            UnlearnRequest.status,
+            UnlearnRequest.started_at,
+            UnlearnRequest.finished_at,
+            UnlearnRequest.step,
+        ).where(
+            UnlearnRequest.status.in_(
+                [RequestStatus.SUCCEEDED, RequestStatus.FAILED, RequestStatus.CANCELLED]
+            ),
+            UnlearnRequest.started_at.is_not(None),
+            UnlearnRequest.finished_at.is_not(None),
+        )
     ).all()
     running = session.execute(
-        select(UnlearnRequest.id, UnlearnRequest.method, UnlearnRequest.step, UnlearnRequest.total_steps,
-               BaseModel.name).join(BaseModel, BaseModel.id == UnlearnRequest.base_model_id)
+        select(
+            UnlearnRequest.id,
+            UnlearnRequest.method,
+            UnlearnRequest.step,
+            UnlearnRequest.total_steps,
+            BaseModel.name,
+        )
+        .join(BaseModel, BaseModel.id == UnlearnRequest.base_model_id)
         .where(UnlearnRequest.status.in_(RUNNING))
     ).all()
     workers = session.execute(select(WorkerHeartbeat)).scalars().all()
     adapters = session.execute(
         select(BaseModel.name, AdapterVersion.state, func.count())
+        .select_from(AdapterVersion)
         .join(BaseModel, BaseModel.id == AdapterVersion.base_model_id)
         .group_by(BaseModel.name, AdapterVersion.state)
     ).all()
@@ -154,26 +181,49 @@ def snapshot(session: Session, settings: Settings, *, broker: bool = True) -> di
     worker_rows = []
     for w in workers:
         age = _age_s(w.last_seen, now)
-        worker_rows.append({
-            "name": w.worker_name, "queues": list(w.queues or []), "hostname": w.hostname, "pid": w.pid,
-            "current_request_id": w.current_request_id, "info": dict(w.info or {}),
-            "heartbeat_age_s": age, "alive": bool(w.alive) and age is not None and age <= alive_after,
-            "started_at": w.started_at,
-        })
+        worker_rows.append(
+            {
+                "name": w.worker_name,
+                "queues": list(w.queues or []),
+                "hostname": w.hostname,
+                "pid": w.pid,
+                "current_request_id": w.current_request_id,
+                "info": dict(w.info or {}),
+                "heartbeat_age_s": age,
+                "alive": bool(w.alive) and age is not None and age <= alive_after,
+                "started_at": w.started_at,
+            }
+        )
     queues = broker_queue_depths(_queue_names()) if broker else {}
     return {
         "at": now,
         "by_state_method": [(str(RequestStatus(s).value), m, n) for s, m, n in by_state_method],
         "oldest_queued_age_s": _age_s(oldest_queued, now),
         "queue_waits_s": [(s - c).total_seconds() for c, s in waits if c and s],
-        "finished": [{"method": m, "outcome": RequestStatus(st).value,
-                      "duration_s": (f - s).total_seconds(), "steps": steps or 0}
-                     for m, st, s, f, steps in finished],
-        "running": [{"id": r.id, "method": r.method, "base_model": r.name, "step": r.step,
-                     "total_steps": r.total_steps, **dynamics.get(r.id, {})} for r in running],
+        "finished": [
+            {
+                "method": m,
+                "outcome": RequestStatus(st).value,
+                "duration_s": (f - s).total_seconds(),
+                "steps": steps or 0,
+            }
+            for m, st, s, f, steps in finished
+        ],
+        "running": [
+            {
+                "id": r.id,
+                "method": r.method,
+                "base_model": r.name,
+                "step": r.step,
+                "total_steps": r.total_steps,
+                **dynamics.get(r.id, {}),
+            }
+            for r in running
+        ],
         "workers": worker_rows,
-        "adapters": [(name, str(state.value if hasattr(state, "value") else state), n)
-                     for name, state, n in adapters],
+        "adapters": [
+            (name, str(state.value if hasattr(state, "value") else state), n) for name, state, n in adapters
+        ],
         "queues": queues,
     }
 
@@ -184,8 +234,13 @@ def _queue_names() -> tuple[str, ...]:
     return ALL_QUEUES
 
 
-def _histogram(name: str, doc: str, buckets: tuple[float, ...], labelnames: list[str],
-               samples: dict[tuple[str, ...], list[float]]) -> HistogramMetricFamily:
+def _histogram(
+    name: str,
+    doc: str,
+    buckets: tuple[float, ...],
+    labelnames: list[str],
+    samples: dict[tuple[str, ...], list[float]],
+) -> HistogramMetricFamily:
     family = HistogramMetricFamily(name, doc, labels=labelnames)
     for labels, values in sorted(samples.items()):
         counts = []
@@ -231,8 +286,9 @@ class ServiceStateCollector(Collector):
         up.add_metric([], 1)
         yield up
 
-        by_state = GaugeMetricFamily("blade_unlearn_requests", "Unlearn requests by state and method",
-                                     labels=["state", "method"])
+        by_state = GaugeMetricFamily(
+            "blade_unlearn_requests", "Unlearn requests by state and method", labels=["state", "method"]
+        )
         counts: dict[tuple[str, str], int] = defaultdict(int)
         methods = {m for _, m, _ in snap["by_state_method"]}
         for state, method, n in snap["by_state_method"]:
@@ -242,51 +298,79 @@ class ServiceStateCollector(Collector):
                 by_state.add_metric([state.value, method], counts.get((state.value, method), 0))
         yield by_state
 
-        depth = GaugeMetricFamily("blade_queue_depth", "Messages waiting in each broker queue",
-                                  labels=["queue"])
+        depth = GaugeMetricFamily(
+            "blade_queue_depth", "Messages waiting in each broker queue", labels=["queue"]
+        )
         for queue, n in sorted(snap["queues"].items()):
             if n is not None:
                 depth.add_metric([queue], n)
         yield depth
         broker_up = GaugeMetricFamily("blade_broker_up", "1 when the broker answered the queue-depth query")
-        broker_up.add_metric([], 1 if snap["queues"] and all(
-            v is not None for v in snap["queues"].values()) else 0)
+        broker_up.add_metric(
+            [], 1 if snap["queues"] and all(v is not None for v in snap["queues"].values()) else 0
+        )
         yield broker_up
 
-        oldest = GaugeMetricFamily("blade_oldest_queued_request_age_seconds",
-                                   "Age of the oldest request still queued (0 when none)")
+        oldest = GaugeMetricFamily(
+            "blade_oldest_queued_request_age_seconds", "Age of the oldest request still queued (0 when none)"
+        )
         oldest.add_metric([], snap["oldest_queued_age_s"] or 0.0)
         yield oldest
 
-        yield _histogram("blade_request_queue_wait_seconds", "Time from submission to the start of training",
-                         TIME_BUCKETS, [], {(): snap["queue_waits_s"]})
+        yield _histogram(
+            "blade_request_queue_wait_seconds",
+            "Time from submission to the start of training",
+            TIME_BUCKETS,
+            [],
+            {(): snap["queue_waits_s"]},
+        )
         durations: dict[tuple[str, ...], list[float]] = defaultdict(list)
         steps: dict[tuple[str, ...], list[float]] = defaultdict(list)
         for f in snap["finished"]:
             durations[(f["method"], f["outcome"])].append(f["duration_s"])
             steps[(f["method"], f["outcome"])].append(float(f["steps"]))
-        yield _histogram("blade_request_training_duration_seconds",
-                         "Start to finish of finished requests, by method and outcome", TIME_BUCKETS,
-                         ["method", "outcome"], durations)
-        yield _histogram("blade_request_training_steps", "Outer steps of finished requests, by method and outcome",
-                         STEP_BUCKETS, ["method", "outcome"], steps)
+        yield _histogram(
+            "blade_request_training_duration_seconds",
+            "Start to finish of finished requests, by method and outcome",
+            TIME_BUCKETS,
+            ["method", "outcome"],
+            durations,
+        )
+        yield _histogram(
+            "blade_request_training_steps",
+            "Outer steps of finished requests, by method and outcome",
+            STEP_BUCKETS,
+            ["method", "outcome"],
+            steps,
+        )
 
         labels = ["request_id", "base_model", "method"]
         fams = {
-            "step": GaugeMetricFamily("blade_running_request_step", "Outer step of each running request",
-                                      labels=labels),
-            "progress": GaugeMetricFamily("blade_running_request_progress_ratio",
-                                          "step / step cap of each running request", labels=labels),
-            "lambda": GaugeMetricFamily("blade_running_request_lambda", "Dual variable lambda (latest step)",
-                                        labels=labels),
-            "L_ret": GaugeMetricFamily("blade_running_request_l_ret", "Retain loss L_ret (latest step)",
-                                       labels=labels),
-            "L_fgt": GaugeMetricFamily("blade_running_request_l_fgt", "Forget loss L_fgt (latest step)",
-                                       labels=labels),
-            "epsilon": GaugeMetricFamily("blade_running_request_epsilon", "Retain-loss budget epsilon",
-                                         labels=labels),
-            "rate": GaugeMetricFamily("blade_running_request_outer_step_rate",
-                                      "Outer steps per second over the latest events", labels=labels),
+            "step": GaugeMetricFamily(
+                "blade_running_request_step", "Outer step of each running request", labels=labels
+            ),
+            "progress": GaugeMetricFamily(
+                "blade_running_request_progress_ratio",
+                "step / step cap of each running request",
+                labels=labels,
+            ),
+            "lambda": GaugeMetricFamily(
+                "blade_running_request_lambda", "Dual variable lambda (latest step)", labels=labels
+            ),
+            "L_ret": GaugeMetricFamily(
+                "blade_running_request_l_ret", "Retain loss L_ret (latest step)", labels=labels
+            ),
+            "L_fgt": GaugeMetricFamily(
+                "blade_running_request_l_fgt", "Forget loss L_fgt (latest step)", labels=labels
+            ),
+            "epsilon": GaugeMetricFamily(
+                "blade_running_request_epsilon", "Retain-loss budget epsilon", labels=labels
+            ),
+            "rate": GaugeMetricFamily(
+                "blade_running_request_outer_step_rate",
+                "Outer steps per second over the latest events",
+                labels=labels,
+            ),
         }
         for r in snap["running"]:
             lv = [r["id"], r["base_model"], r["method"]]
@@ -301,16 +385,22 @@ class ServiceStateCollector(Collector):
                 fams["rate"].add_metric(lv, r["rate"])
         yield from fams.values()
 
-        alive = GaugeMetricFamily("blade_workers_alive", "Workers whose heartbeat is recent, by queue",
-                                  labels=["queue"])
+        alive = GaugeMetricFamily(
+            "blade_workers_alive", "Workers whose heartbeat is recent, by queue", labels=["queue"]
+        )
         per_queue: dict[str, int] = defaultdict(int)
-        age = GaugeMetricFamily("blade_worker_heartbeat_age_seconds", "Seconds since each worker's heartbeat",
-                                labels=["worker"])
-        up_w = GaugeMetricFamily("blade_worker_up", "1 when the worker's heartbeat is recent", labels=["worker"])
-        busy = GaugeMetricFamily("blade_worker_running", "1 while the worker runs an unlearn request",
-                                 labels=["worker"])
-        gpu = GaugeMetricFamily("blade_worker_gpu_memory_peak_bytes", "Peak GPU memory a worker reported",
-                                labels=["worker"])
+        age = GaugeMetricFamily(
+            "blade_worker_heartbeat_age_seconds", "Seconds since each worker's heartbeat", labels=["worker"]
+        )
+        up_w = GaugeMetricFamily(
+            "blade_worker_up", "1 when the worker's heartbeat is recent", labels=["worker"]
+        )
+        busy = GaugeMetricFamily(
+            "blade_worker_running", "1 while the worker runs an unlearn request", labels=["worker"]
+        )
+        gpu = GaugeMetricFamily(
+            "blade_worker_gpu_memory_peak_bytes", "Peak GPU memory a worker reported", labels=["worker"]
+        )
         for w in snap["workers"]:
             if w["alive"]:
                 for q in w["queues"] or ["unknown"]:
@@ -328,8 +418,9 @@ class ServiceStateCollector(Collector):
             alive.add_metric([q], n)
         yield from (alive, age, up_w, busy, gpu)
 
-        adapters = GaugeMetricFamily("blade_adapters", "Adapter versions by base model and state",
-                                     labels=["base_model", "state"])
+        adapters = GaugeMetricFamily(
+            "blade_adapters", "Adapter versions by base model and state", labels=["base_model", "state"]
+        )
         for name, state, n in snap["adapters"]:
             adapters.add_metric([name, state], n)
         yield adapters
@@ -337,7 +428,12 @@ class ServiceStateCollector(Collector):
 
 def gpu_peak_bytes(info: dict[str, Any]) -> float | None:
     """The GPU memory peak a worker put in its heartbeat info, under any of the usual keys."""
-    for key in ("gpu_memory_peak_bytes", "gpu_peak_bytes", "cuda_max_memory_allocated", "max_memory_allocated"):
+    for key in (
+        "gpu_memory_peak_bytes",
+        "gpu_peak_bytes",
+        "cuda_max_memory_allocated",
+        "max_memory_allocated",
+    ):
         value = info.get(key)
         if isinstance(value, int | float):
             return float(value)
@@ -350,13 +446,22 @@ def gpu_peak_bytes(info: dict[str, Any]) -> float | None:
 
 class HttpMetrics:
     def __init__(self, registry: CollectorRegistry):
-        self.requests = Counter("blade_http_requests", "HTTP requests by method, route template and status",
-                                ["method", "route", "status"], registry=registry)
-        self.latency = Histogram("blade_http_request_duration_seconds",
-                                 "HTTP request latency by method and route template", ["method", "route"],
-                                 buckets=HTTP_BUCKETS, registry=registry)
-        self.in_flight = Gauge("blade_http_requests_in_flight", "HTTP requests being served",
-                               registry=registry)
+        self.requests = Counter(
+            "blade_http_requests",
+            "HTTP requests by method, route template and status",
+            ["method", "route", "status"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "blade_http_request_duration_seconds",
+            "HTTP request latency by method and route template",
+            ["method", "route"],
+            buckets=HTTP_BUCKETS,
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "blade_http_requests_in_flight", "HTTP requests being served", registry=registry
+        )
 
 
 class ObservabilityMiddleware:
@@ -401,13 +506,23 @@ class ObservabilityMiddleware:
             self.metrics.latency.labels(method, template).observe(elapsed)
             if scope.get("path") not in self.skip_paths:
                 with bind(trace_id=trace_id):
-                    log.info("http.request", extra={
-                        "method": method, "path": scope.get("path"), "route": template,
-                        "status": status["code"], "duration_ms": round(elapsed * 1000, 2)})
+                    log.info(
+                        "http.request",
+                        extra={
+                            "method": method,
+                            "path": scope.get("path"),
+                            "route": template,
+                            "status": status["code"],
+                            "duration_ms": round(elapsed * 1000, 2),
+                        },
+                    )
 
 
-def install_observability(app: Any, settings: Settings, session_factory: Callable[[], Session] | None = None,
-                          ) -> CollectorRegistry:
+def install_observability(
+    app: Any,
+    settings: Settings,
+    session_factory: Callable[[], Session] | None = None,
+) -> CollectorRegistry:
     """Add the middleware and `GET /metrics` to a FastAPI app; returns the app's registry."""
     from fastapi import Response
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import JSONResponse, Response
 from fastapi.templating import Jinja2Templates
 from sqlalchemy.orm import Session
 
@@ -25,8 +25,15 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
 
 
-def certificate_response(request: Request, session: Session, *, request_id: str, tenant_id: str | None,
-                         settings: Settings, fmt: str = "json") -> Response:
+def certificate_response(
+    request: Request,
+    session: Session,
+    *,
+    request_id: str,
+    tenant_id: str | None,
+    settings: Settings,
+    fmt: str = "json",
+) -> Response:
     """The certificate in the asked format, or the API's error shape (404 unknown, 409 not succeeded)."""
     try:
         doc = build_certificate(session, request_id, settings=settings, tenant_id=tenant_id)
@@ -35,11 +42,23 @@ def certificate_response(request: Request, session: Session, *, request_id: str,
     except CertificateError as exc:
         return _error(409, "not_succeeded", str(exc))
     if fmt == "html":
-        return templates.TemplateResponse(request, "certificate.html", {
-            "c": doc, "pretty": json.dumps(doc, indent=2, ensure_ascii=False, sort_keys=True),
-            "metric_rows": _metric_rows(doc)}, headers={"Cache-Control": "no-store"})
-    return JSONResponse(doc, headers={
-        "Content-Disposition": f'inline; filename="certificate-{request_id}.json"', "Cache-Control": "no-store"})
+        return templates.TemplateResponse(
+            request,
+            "certificate.html",
+            {
+                "c": doc,
+                "pretty": json.dumps(doc, indent=2, ensure_ascii=False, sort_keys=True),
+                "metric_rows": _metric_rows(doc),
+            },
+            headers={"Cache-Control": "no-store"},
+        )
+    return JSONResponse(
+        doc,
+        headers={
+            "Content-Disposition": f'inline; filename="certificate-{request_id}.json"',
+            "Cache-Control": "no-store",
+        },
+    )
 
 
 def _metric_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -54,11 +73,21 @@ def _install_api_route() -> None:
     from api.deps import ReadKey, SessionDep  # the API's dependency aliases
 
     @router.get("/unlearn-requests/{request_id}/certificate", summary="Signed deletion certificate")
-    def get_certificate(request: Request, request_id: str, session: SessionDep, key: ReadKey,
-                        format: Literal["json", "html"] = "json") -> Response:
-        return certificate_response(request, session, request_id=request_id, tenant_id=key.tenant_id,
-                                    settings=getattr(request.app.state, "settings", None) or get_settings(),
-                                    fmt=format)
+    def get_certificate(
+        request: Request,
+        request_id: str,
+        session: SessionDep,
+        key: ReadKey,
+        format: Literal["json", "html"] = "json",
+    ) -> Response:
+        return certificate_response(
+            request,
+            session,
+            request_id=request_id,
+            tenant_id=key.tenant_id,
+            settings=getattr(request.app.state, "settings", None) or get_settings(),
+            fmt=format,
+        )
 
 
 _install_api_route()

@@ -15,8 +15,12 @@ from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("verify-certificate", help="verify a deletion certificate's HMAC signature",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "verify-certificate",
+        help="verify a deletion certificate's HMAC signature",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("file", type=Path, help="the certificate JSON (GET /unlearn-requests/{id}/certificate)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--key", help="the signing key (default: BLADE_SIGNING_KEY or the installation key)")
@@ -53,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"blade verify-certificate: INVALID: {args.file}: {reason}", file=sys.stderr)
         return 1
     req = doc.get("request", {})
-    print(f"valid: certificate for request {req.get('id')} on base model "
-          f"{doc.get('model', {}).get('base_model', {}).get('name')}, issued {doc.get('issued_at')}")
+    print(
+        f"valid: certificate for request {req.get('id')} on base model "
+        f"{doc.get('model', {}).get('base_model', {}).get('name')}, issued {doc.get('issued_at')}"
+    )
     return 0

@@ -56,7 +56,9 @@ class CertificateError(ValueError):
 
 def canonical_json(doc: Any) -> bytes:
     """The bytes that are signed: sorted keys, no whitespace, UTF-8, NaN refused."""
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    return json.dumps(
+        doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode()
 
 
 def key_id(key: str | bytes) -> str:
@@ -103,13 +105,15 @@ def verify_certificate(doc: Any, key: str | bytes) -> tuple[bool, str]:
             return False, "the signature matches but its key id was altered"
         return True, "ok"
     if signature.get("key_id") != key_id(key):
-        return False, (f"signed with a different key (key id {signature.get('key_id')}, this key's id is "
-                       f"{key_id(key)}), or the key id was altered")
+        return False, (
+            f"signed with a different key (key id {signature.get('key_id')}, this key's id is "
+            f"{key_id(key)}), or the key id was altered"
+        )
     return False, "signature mismatch: the certificate was altered after it was signed"
 
 
 def resolve_signing_key(settings: Settings, *, create: bool = True) -> str:
-    """Settings.signing_key, or this installation's persisted random key (created on first use if `create`)."""
+    """Settings.signing_key, or this installation's persisted random key (made on first use if `create`)."""
     if settings.signing_key:
         return settings.signing_key
     path = Path(settings.data_dir) / KEY_FILE_NAME
@@ -176,25 +180,31 @@ def assemble_certificate(
 ) -> dict[str, Any]:
     """The unsigned document from plain parts (the database-facing builder below gathers them)."""
     active = [a for a in stack if a.get("state") == "active"]
-    return _plain({
-        "type": CERTIFICATE_TYPE,
-        "version": CERTIFICATE_VERSION,
-        "issued_at": _iso(issued_at or datetime.now(UTC)),
-        "issuer": issuer or {"service": "blade-unlearning"},
-        "request": request,
-        "data": {"forget": forget, "retain": retain},
-        "model": {
-            "base_model": base_model,
-            "adapter": adapter,
-            "adapter_in_effective_model": bool(adapter and adapter.get("state") == "active"),
-            "stack": stack,
-            "stack_digest": stack_digest(stack),
-            "effective_stack_digest": stack_digest(active),
-        },
-        "evaluation": {"before": metrics.get("before"), "after": metrics.get("after"), "thresholds": thresholds},
-        "audit_chain_head": audit_head,
-        "statement": STATEMENT,
-    })
+    return _plain(
+        {
+            "type": CERTIFICATE_TYPE,
+            "version": CERTIFICATE_VERSION,
+            "issued_at": _iso(issued_at or datetime.now(UTC)),
+            "issuer": issuer or {"service": "blade-unlearning"},
+            "request": request,
+            "data": {"forget": forget, "retain": retain},
+            "model": {
+                "base_model": base_model,
+                "adapter": adapter,
+                "adapter_in_effective_model": bool(adapter and adapter.get("state") == "active"),
+                "stack": stack,
+                "stack_digest": stack_digest(stack),
+                "effective_stack_digest": stack_digest(active),
+            },
+            "evaluation": {
+                "before": metrics.get("before"),
+                "after": metrics.get("after"),
+                "thresholds": thresholds,
+            },
+            "audit_chain_head": audit_head,
+            "statement": STATEMENT,
+        }
+    )
 
 
 class CertificateNotFound(LookupError):
@@ -253,19 +263,34 @@ def gather(session: Session, request_id: str, *, tenant_id: str | None = None) -
         raise CertificateNotFound(f"no unlearn request {request_id}")
     status = RequestStatus(request.status)
     if status != RequestStatus.SUCCEEDED or request.adapter is None:
-        raise CertificateError(f"request {request_id} is {status.value}: a certificate is issued only for a "
-                               "succeeded request (one that produced an adapter)")
+        raise CertificateError(
+            f"request {request_id} is {status.value}: a certificate is issued only for a "
+            "succeeded request (one that produced an adapter)"
+        )
     adapter = request.adapter
-    stack_rows = session.scalars(select(AdapterVersion).where(AdapterVersion.base_model_id == adapter.base_model_id)
-                                 .order_by(AdapterVersion.version)).all()
+    stack_rows = session.scalars(
+        select(AdapterVersion)
+        .where(AdapterVersion.base_model_id == adapter.base_model_id)
+        .order_by(AdapterVersion.version)
+    ).all()
     by_id = {a.id: a for a in stack_rows}
 
     def adapter_part(a: AdapterVersion) -> dict[str, Any]:
-        return {"id": a.id, "version": a.version, "sha256": a.sha256, "state": str(a.state.value),
-                "request_id": a.request_id, "created_at": a.created_at}
+        return {
+            "id": a.id,
+            "version": a.version,
+            "sha256": a.sha256,
+            "state": str(a.state.value),
+            "request_id": a.request_id,
+            "created_at": a.created_at,
+        }
 
-    last = session.scalars(select(TrainingEvent).where(TrainingEvent.request_id == request.id)
-                           .order_by(TrainingEvent.step.desc()).limit(1)).first()
+    last = session.scalars(
+        select(TrainingEvent)
+        .where(TrainingEvent.request_id == request.id)
+        .order_by(TrainingEvent.step.desc())
+        .limit(1)
+    ).first()
     record = dict(last.record or {}) if last is not None else {}
     hyper = dict(adapter.hyperparameters or {})
     thresholds: dict[str, Any] = {
@@ -284,34 +309,63 @@ def gather(session: Session, request_id: str, *, tenant_id: str | None = None) -
     parent = [by_id[p] for p in (adapter.parent_stack or []) if p in by_id]
     return {
         "request": {
-            "id": request.id, "tenant_id": request.tenant_id, "method": request.method,
-            "status": status.value, "submitted_at": request.created_at, "started_at": request.started_at,
-            "finished_at": request.finished_at, "steps": request.step, "attempts": request.attempts,
+            "id": request.id,
+            "tenant_id": request.tenant_id,
+            "method": request.method,
+            "status": status.value,
+            "submitted_at": request.created_at,
+            "started_at": request.started_at,
+            "finished_at": request.finished_at,
+            "steps": request.step,
+            "attempts": request.attempts,
             "metadata": dict(request.meta or {}),
         },
-        "forget": {"dataset_id": request.forget_dataset.id, "name": request.forget_dataset.name,
-                   "sha256": request.forget_dataset.sha256, "rows": request.forget_dataset.rows},
-        "retain": {"dataset_id": request.retain_dataset.id, "name": request.retain_dataset.name,
-                   "sha256": request.retain_dataset.sha256, "rows": request.retain_dataset.rows},
+        "forget": {
+            "dataset_id": request.forget_dataset.id,
+            "name": request.forget_dataset.name,
+            "sha256": request.forget_dataset.sha256,
+            "rows": request.forget_dataset.rows,
+        },
+        "retain": {
+            "dataset_id": request.retain_dataset.id,
+            "name": request.retain_dataset.name,
+            "sha256": request.retain_dataset.sha256,
+            "rows": request.retain_dataset.rows,
+        },
         "base_model": _base_model_part(request.base_model, hyper),
-        "adapter": {**adapter_part(adapter), "forget_sha256": adapter.forget_sha256,
-                    "retain_sha256": adapter.retain_sha256,
-                    "trained_on": [adapter_part(a) for a in parent],
-                    "trained_on_digest": stack_digest([adapter_part(a) for a in parent]),
-                    "state_changed_at": adapter.state_changed_at, "state_reason": adapter.state_reason},
+        "adapter": {
+            **adapter_part(adapter),
+            "forget_sha256": adapter.forget_sha256,
+            "retain_sha256": adapter.retain_sha256,
+            "trained_on": [adapter_part(a) for a in parent],
+            "trained_on_digest": stack_digest([adapter_part(a) for a in parent]),
+            "state_changed_at": adapter.state_changed_at,
+            "state_reason": adapter.state_reason,
+        },
         "stack": [adapter_part(a) for a in stack_rows],
         "metrics": {"before": request.metrics_before, "after": request.metrics_after},
         "thresholds": thresholds,
-        "audit_head": {"id": head_id, "hash": head_hash, "chain_intact": chain.intact,
-                       "entries_checked": chain.checked},
+        "audit_head": {
+            "id": head_id,
+            "hash": head_hash,
+            "chain_intact": chain.intact,
+            "entries_checked": chain.checked,
+        },
     }
 
 
-def build_certificate(session: Session, request_id: str, *, settings: Settings,
-                      tenant_id: str | None = None, issued_at: datetime | None = None) -> dict[str, Any]:
+def build_certificate(
+    session: Session,
+    request_id: str,
+    *,
+    settings: Settings,
+    tenant_id: str | None = None,
+    issued_at: datetime | None = None,
+) -> dict[str, Any]:
     """The signed certificate for one succeeded request, read from the database."""
     key = resolve_signing_key(settings)
     parts = gather(session, request_id, tenant_id=tenant_id)
-    doc = assemble_certificate(**parts, issued_at=issued_at,
-                               issuer={"service": "blade-unlearning", "signing_key_id": key_id(key)})
+    doc = assemble_certificate(
+        **parts, issued_at=issued_at, issuer={"service": "blade-unlearning", "signing_key_id": key_id(key)}
+    )
     return sign_certificate(doc, key)

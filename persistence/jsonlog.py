@@ -55,7 +55,9 @@ class JsonFormatter(logging.Formatter):
             "event": record.getMessage(),
         }
         for key in ("request_id", "trace_id"):
-            value = getattr(record, key, None) or (request_id_var if key == "request_id" else trace_id_var).get()
+            value = (
+                getattr(record, key, None) or (request_id_var if key == "request_id" else trace_id_var).get()
+            )
             if value:
                 line[key] = value
         for key, value in record.__dict__.items():

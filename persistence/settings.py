@@ -42,6 +42,7 @@ class Settings(BaseSettings):
     reconcile_interval_s: int = 60
     requeue_after_s: int = 300  # the reconciler re-publishes a queued head request whose task is this old
     max_attempts: int = 5  # deliveries of one request (worker crashes) before it fails as a crash loop
+    worker_metrics_port: int = 0  # Prometheus metrics of a worker on this port (0: not served); docker: 9808
 
     # HTTP.
     host: str = "127.0.0.1"

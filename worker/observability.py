@@ -41,41 +41,89 @@ _STEP_BUCKETS = (1, 5, 10, 25, 50, 100, 150, 200, 250, 400, 600, 1000)
 
 
 class WorkerMetrics:
-    """The metric objects. Built after the multiprocess directory is chosen (prometheus-client reads it then)."""
+    """The metric objects, built once the multiprocess directory is set (prometheus-client reads it then)."""
 
     def __init__(self) -> None:
         from prometheus_client import Counter, Gauge, Histogram
 
-        self.tasks = Counter("blade_worker_tasks", "Tasks finished by this worker, by task name and outcome",
-                             ["task", "outcome"])
-        self.task_seconds = Histogram("blade_worker_task_duration_seconds", "Wall time of a task",
-                                      ["task"], buckets=_TIME_BUCKETS)
-        self.queue_wait = Histogram("blade_worker_queue_wait_seconds",
-                                    "Time between a task's publication and its start (time in queue)",
-                                    ["queue"], buckets=_TIME_BUCKETS)
-        self.busy = Gauge("blade_worker_busy", "1 while a pool process runs a task", ["task"],
-                          multiprocess_mode="livesum")
-        self.heartbeat = Gauge("blade_worker_heartbeat_timestamp_seconds",
-                               "Unix time of the worker's last heartbeat", ["worker"], multiprocess_mode="max")
-        self.step = Gauge("blade_training_step", "Outer step of a running unlearn request", RUNNING_LABELS,
-                          multiprocess_mode="livemostrecent")
-        self.lam = Gauge("blade_training_lambda", "Dual variable lambda of a running request", RUNNING_LABELS,
-                         multiprocess_mode="livemostrecent")
-        self.l_ret = Gauge("blade_training_l_ret", "Retain loss L_ret of a running request", RUNNING_LABELS,
-                           multiprocess_mode="livemostrecent")
-        self.l_fgt = Gauge("blade_training_l_fgt", "Forget loss L_fgt of a running request", RUNNING_LABELS,
-                           multiprocess_mode="livemostrecent")
-        self.epsilon = Gauge("blade_training_epsilon", "Retain-loss budget epsilon of a running request",
-                             RUNNING_LABELS, multiprocess_mode="livemostrecent")
-        self.step_rate = Gauge("blade_training_outer_step_rate", "Outer steps per second of a running request",
-                               RUNNING_LABELS, multiprocess_mode="livemostrecent")
+        self.tasks = Counter(
+            "blade_worker_tasks",
+            "Tasks finished by this worker, by task name and outcome",
+            ["task", "outcome"],
+        )
+        self.task_seconds = Histogram(
+            "blade_worker_task_duration_seconds", "Wall time of a task", ["task"], buckets=_TIME_BUCKETS
+        )
+        self.queue_wait = Histogram(
+            "blade_worker_queue_wait_seconds",
+            "Time between a task's publication and its start (time in queue)",
+            ["queue"],
+            buckets=_TIME_BUCKETS,
+        )
+        self.busy = Gauge(
+            "blade_worker_busy", "1 while a pool process runs a task", ["task"], multiprocess_mode="livesum"
+        )
+        self.heartbeat = Gauge(
+            "blade_worker_heartbeat_timestamp_seconds",
+            "Unix time of the worker's last heartbeat",
+            ["worker"],
+            multiprocess_mode="max",
+        )
+        self.step = Gauge(
+            "blade_training_step",
+            "Outer step of a running unlearn request",
+            RUNNING_LABELS,
+            multiprocess_mode="livemostrecent",
+        )
+        self.lam = Gauge(
+            "blade_training_lambda",
+            "Dual variable lambda of a running request",
+            RUNNING_LABELS,
+            multiprocess_mode="livemostrecent",
+        )
+        self.l_ret = Gauge(
+            "blade_training_l_ret",
+            "Retain loss L_ret of a running request",
+            RUNNING_LABELS,
+            multiprocess_mode="livemostrecent",
+        )
+        self.l_fgt = Gauge(
+            "blade_training_l_fgt",
+            "Forget loss L_fgt of a running request",
+            RUNNING_LABELS,
+            multiprocess_mode="livemostrecent",
+        )
+        self.epsilon = Gauge(
+            "blade_training_epsilon",
+            "Retain-loss budget epsilon of a running request",
+            RUNNING_LABELS,
+            multiprocess_mode="livemostrecent",
+        )
+        self.step_rate = Gauge(
+            "blade_training_outer_step_rate",
+            "Outer steps per second of a running request",
+            RUNNING_LABELS,
+            multiprocess_mode="livemostrecent",
+        )
         self.steps_total = Counter("blade_training_steps", "Outer steps trained", ["method"])
-        self.run_seconds = Histogram("blade_training_duration_seconds", "Wall time of one training run",
-                                     ["method", "outcome"], buckets=_TIME_BUCKETS)
-        self.run_steps = Histogram("blade_training_run_steps", "Outer steps of one training run",
-                                   ["method", "outcome"], buckets=_STEP_BUCKETS)
-        self.gpu_peak = Gauge("blade_gpu_memory_peak_bytes", "Peak GPU memory allocated by the last task",
-                              ["device"], multiprocess_mode="mostrecent")
+        self.run_seconds = Histogram(
+            "blade_training_duration_seconds",
+            "Wall time of one training run",
+            ["method", "outcome"],
+            buckets=_TIME_BUCKETS,
+        )
+        self.run_steps = Histogram(
+            "blade_training_run_steps",
+            "Outer steps of one training run",
+            ["method", "outcome"],
+            buckets=_STEP_BUCKETS,
+        )
+        self.gpu_peak = Gauge(
+            "blade_gpu_memory_peak_bytes",
+            "Peak GPU memory allocated by the last task",
+            ["device"],
+            multiprocess_mode="mostrecent",
+        )
 
 
 _metrics: WorkerMetrics | None = None
@@ -148,8 +196,10 @@ def observe_step(*, request_id: str, base_model: str = "", method: str = "", rec
     labels = (str(request_id), base_model or "", method or "")
     step = int(record.get("step", 0))
     now = time.monotonic()
-    run = _runs.setdefault(str(request_id), {"first_step": step, "first_t": now, "method": method,
-                                             "base_model": base_model, "steps": 0})
+    run = _runs.setdefault(
+        str(request_id),
+        {"first_step": step, "first_t": now, "method": method, "base_model": base_model, "steps": 0},
+    )
     run["steps"] = run.get("steps", 0) + 1
     run["last_step"] = step
     m.step.labels(*labels).set(step)
@@ -164,7 +214,7 @@ def observe_step(*, request_id: str, base_model: str = "", method: str = "", rec
 
 
 def observe_run_finished(*, request_id: str, outcome: str, duration_s: float | None = None) -> None:
-    """A training run ended (succeeded, failed, cancelled): record its duration and steps, drop live gauges."""
+    """A run ended (succeeded, failed, cancelled): record its duration and steps, drop its live gauges."""
     m = metrics()
     run = _runs.pop(str(request_id), None)
     if run is None:
@@ -218,8 +268,13 @@ def _on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
     m.busy.labels(_task_name(task)).set(1)
 
 
-def _on_postrun(task_id: str | None = None, task: Any = None, state: str | None = None,
-                kwargs: dict | None = None, **_: Any) -> None:
+def _on_postrun(
+    task_id: str | None = None,
+    task: Any = None,
+    state: str | None = None,
+    kwargs: dict | None = None,
+    **_: Any,
+) -> None:
     m = metrics()
     name = _task_name(task)
     started = _task_started.pop(task_id or "", None)
@@ -262,11 +317,15 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         enable_multiprocess(directory)
     except RuntimeError:
         log.warning("worker.metrics.single_process")
-    port = getattr(settings, "worker_metrics_port", 0)
+    port = settings.worker_metrics_port
     if port:
         start_metrics_server(port)
-    threading.Thread(target=_heartbeat_loop, args=(str(hostname), _stop_heartbeat), daemon=True,
-                     name="blade-metrics-heartbeat").start()
+    threading.Thread(
+        target=_heartbeat_loop,
+        args=(str(hostname), _stop_heartbeat),
+        daemon=True,
+        name="blade-metrics-heartbeat",
+    ).start()
 
 
 def _on_worker_shutdown(**_: Any) -> None:
@@ -276,7 +335,7 @@ def _on_worker_shutdown(**_: Any) -> None:
 
 
 def connect_signals() -> None:
-    """Connect the handlers (publish hook in every process that imports the Celery app; the rest in workers)."""
+    """Connect the handlers (the publish hook acts in every process that publishes; the rest in workers)."""
     from celery import signals
 
     signals.before_task_publish.connect(_on_publish, weak=False, dispatch_uid="blade-metrics-publish")
@@ -284,5 +343,6 @@ def connect_signals() -> None:
     signals.task_postrun.connect(_on_postrun, weak=False, dispatch_uid="blade-metrics-postrun")
     signals.worker_init.connect(_on_worker_init, weak=False, dispatch_uid="blade-metrics-worker-init")
     signals.worker_shutdown.connect(_on_worker_shutdown, weak=False, dispatch_uid="blade-metrics-shutdown")
-    signals.worker_process_shutdown.connect(_on_process_shutdown, weak=False,
-                                            dispatch_uid="blade-metrics-process-shutdown")
+    signals.worker_process_shutdown.connect(
+        _on_process_shutdown, weak=False, dispatch_uid="blade-metrics-process-shutdown"
+    )

@@ -10,22 +10,27 @@ from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from persistence import audit
+from persistence import audit, base_models, registry, requests
+from persistence.errors import NotFound
 from persistence.models import (
     AdapterVersion,
     AuditEntry,
     BaseModel,
     RequestStatus,
-    TrainingEvent,
     UnlearnRequest,
     WorkerHeartbeat,
 )
 
 STATE_ORDER = [s.value for s in RequestStatus]
-ACTIVE_STATES = (RequestStatus.QUEUED, RequestStatus.RUNNING, RequestStatus.EVALUATING, RequestStatus.CANCELLING)
+ACTIVE_STATES = (
+    RequestStatus.QUEUED,
+    RequestStatus.RUNNING,
+    RequestStatus.EVALUATING,
+    RequestStatus.CANCELLING,
+)
 
 
 def _status(value: Any) -> str:
@@ -40,49 +45,107 @@ def request_summary(r: UnlearnRequest) -> dict[str, Any]:
     if _status(r.status) == RequestStatus.SUCCEEDED:
         progress = 1.0
     return {
-        "id": r.id, "status": _status(r.status), "method": r.method, "base_model": r.base_model.name,
-        "step": r.step or 0, "total_steps": total, "progress": progress, "run_status": r.run_status,
-        "error_code": r.error_code, "error_message": r.error_message, "attempts": r.attempts,
-        "created_at": r.created_at, "started_at": r.started_at, "finished_at": r.finished_at,
-        "adapter_id": r.adapter_id, "params": dict(r.params or {}), "metadata": dict(r.meta or {}),
-        "forget": {"id": r.forget_dataset.id, "name": r.forget_dataset.name, "sha256": r.forget_dataset.sha256,
-                   "rows": r.forget_dataset.rows},
-        "retain": {"id": r.retain_dataset.id, "name": r.retain_dataset.name, "sha256": r.retain_dataset.sha256,
-                   "rows": r.retain_dataset.rows},
+        "id": r.id,
+        "status": _status(r.status),
+        "method": r.method,
+        "base_model": r.base_model.name,
+        "step": r.step or 0,
+        "total_steps": total,
+        "progress": progress,
+        "run_status": r.run_status,
+        "error_code": r.error_code,
+        "error_message": r.error_message,
+        "attempts": r.attempts,
+        "created_at": r.created_at,
+        "started_at": r.started_at,
+        "finished_at": r.finished_at,
+        "adapter_id": r.adapter_id,
+        "params": dict(r.params or {}),
+        "metadata": dict(r.meta or {}),
+        "forget": {
+            "id": r.forget_dataset.id,
+            "name": r.forget_dataset.name,
+            "sha256": r.forget_dataset.sha256,
+            "rows": r.forget_dataset.rows,
+        },
+        "retain": {
+            "id": r.retain_dataset.id,
+            "name": r.retain_dataset.name,
+            "sha256": r.retain_dataset.sha256,
+            "rows": r.retain_dataset.rows,
+        },
         "terminal": RequestStatus(r.status).terminal,
-        "queue_seq": r.queue_seq, "lease_owner": r.lease_owner,
+        "queue_seq": r.queue_seq,
+        "lease_owner": r.lease_owner,
     }
 
 
-def overview(session: Session, *, tenant_id: str, now: datetime | None = None, alive_after_s: float = 30.0,
-             broker_depths: dict[str, int | None] | None = None) -> dict[str, Any]:
+def overview(
+    session: Session,
+    *,
+    tenant_id: str,
+    now: datetime | None = None,
+    alive_after_s: float = 30.0,
+    broker_depths: dict[str, int | None] | None = None,
+) -> dict[str, Any]:
     """Counts by state, queues, workers and what they run, recent requests and failures."""
     now = now or datetime.now(UTC)
-    counts = Counter({_status(s): n for s, n in session.execute(
-        select(UnlearnRequest.status, func.count()).where(UnlearnRequest.tenant_id == tenant_id)
-        .group_by(UnlearnRequest.status)).all()})
-    recent = session.scalars(select(UnlearnRequest).where(UnlearnRequest.tenant_id == tenant_id)
-                             .order_by(UnlearnRequest.created_at.desc()).limit(12)).all()
-    failures = session.scalars(select(UnlearnRequest)
-                               .where(UnlearnRequest.tenant_id == tenant_id,
-                                      UnlearnRequest.status == RequestStatus.FAILED)
-                               .order_by(UnlearnRequest.finished_at.desc().nulls_last()).limit(8)).all()
-    waiting = dict(session.execute(
-        select(BaseModel.name, func.count()).join(BaseModel, BaseModel.id == UnlearnRequest.base_model_id)
-        .where(UnlearnRequest.status == RequestStatus.QUEUED).group_by(BaseModel.name)).all())
+    counts = Counter(
+        {
+            _status(s): n
+            for s, n in session.execute(
+                select(UnlearnRequest.status, func.count())
+                .where(UnlearnRequest.tenant_id == tenant_id)
+                .group_by(UnlearnRequest.status)
+            ).all()
+        }
+    )
+    recent = session.scalars(
+        select(UnlearnRequest)
+        .where(UnlearnRequest.tenant_id == tenant_id)
+        .order_by(UnlearnRequest.created_at.desc())
+        .limit(12)
+    ).all()
+    failures = session.scalars(
+        select(UnlearnRequest)
+        .where(UnlearnRequest.tenant_id == tenant_id, UnlearnRequest.status == RequestStatus.FAILED)
+        .order_by(UnlearnRequest.finished_at.desc().nulls_last())
+        .limit(8)
+    ).all()
+    waiting = dict(
+        session.execute(
+            select(BaseModel.name, func.count())
+            .select_from(UnlearnRequest)
+            .join(BaseModel, BaseModel.id == UnlearnRequest.base_model_id)
+            .where(UnlearnRequest.status == RequestStatus.QUEUED)
+            .group_by(BaseModel.name)
+        ).all()
+    )
     workers = []
     running_ids = set()
     for w in session.scalars(select(WorkerHeartbeat).order_by(WorkerHeartbeat.worker_name)).all():
         last_seen = w.last_seen if w.last_seen.tzinfo else w.last_seen.replace(tzinfo=UTC)
         age = max(0.0, (now - last_seen).total_seconds())
         alive = bool(w.alive) and age <= alive_after_s
-        workers.append({"name": w.worker_name, "queues": list(w.queues or []), "hostname": w.hostname,
-                        "pid": w.pid, "age_s": age, "alive": alive, "info": dict(w.info or {}),
-                        "current_request_id": w.current_request_id if alive else None, "running": None})
+        workers.append(
+            {
+                "name": w.worker_name,
+                "queues": list(w.queues or []),
+                "hostname": w.hostname,
+                "pid": w.pid,
+                "age_s": age,
+                "alive": alive,
+                "info": dict(w.info or {}),
+                "current_request_id": w.current_request_id if alive else None,
+                "running": None,
+            }
+        )
         if alive and w.current_request_id:
             running_ids.add(w.current_request_id)
     if running_ids:
-        rows = {r.id: r for r in session.scalars(select(UnlearnRequest).where(UnlearnRequest.id.in_(running_ids)))}
+        rows = {
+            r.id: r for r in session.scalars(select(UnlearnRequest).where(UnlearnRequest.id.in_(running_ids)))
+        }
         for w in workers:
             r = rows.get(w["current_request_id"] or "")
             if r is not None:
@@ -101,20 +164,29 @@ def overview(session: Session, *, tenant_id: str, now: datetime | None = None, a
     }
 
 
-def list_requests(session: Session, *, tenant_id: str, status: str | None = None, base_model: str | None = None,
-                  limit: int = 100) -> list[dict[str, Any]]:
-    query = (select(UnlearnRequest).where(UnlearnRequest.tenant_id == tenant_id)
-             .order_by(UnlearnRequest.created_at.desc()).limit(limit))
-    if status:
-        query = query.where(UnlearnRequest.status == RequestStatus(status))
-    if base_model:
-        query = query.join(BaseModel, BaseModel.id == UnlearnRequest.base_model_id).where(BaseModel.name == base_model)
-    return [request_summary(r) for r in session.scalars(query).unique()]
+def list_requests(
+    session: Session,
+    *,
+    tenant_id: str,
+    status: str | None = None,
+    base_model: str | None = None,
+    limit: int = 100,
+) -> list[dict[str, Any]]:
+    found = requests.list_requests(
+        session,
+        tenant_id=tenant_id,
+        status=RequestStatus(status) if status else None,
+        base_model=base_model,
+        limit=limit,
+    )
+    return [request_summary(r) for r in found]
 
 
 def get_request(session: Session, *, tenant_id: str, request_id: str) -> UnlearnRequest | None:
-    r = session.get(UnlearnRequest, request_id)
-    return r if r is not None and r.tenant_id == tenant_id else None
+    try:
+        return requests.get_request(session, tenant_id=tenant_id, request_id=request_id)
+    except NotFound:
+        return None
 
 
 def request_detail(session: Session, *, tenant_id: str, request_id: str) -> dict[str, Any] | None:
@@ -127,18 +199,23 @@ def request_detail(session: Session, *, tenant_id: str, request_id: str) -> dict
     out["metric_rows"] = metric_rows(r.metrics_before, r.metrics_after)
     out["events"] = events(session, request_id=r.id)
     if r.adapter is not None:
-        out["adapter"] = {"id": r.adapter.id, "version": r.adapter.version, "state": _status(r.adapter.state),
-                          "sha256": r.adapter.sha256}
-    out["audit"] = [audit_row(e) for e in session.scalars(
-        select(AuditEntry).where(AuditEntry.subject_id == r.id).order_by(AuditEntry.id))]
+        out["adapter"] = {
+            "id": r.adapter.id,
+            "version": r.adapter.version,
+            "state": _status(r.adapter.state),
+            "sha256": r.adapter.sha256,
+        }
+    out["audit"] = [
+        audit_row(e)
+        for e in session.scalars(
+            select(AuditEntry).where(AuditEntry.subject_id == r.id).order_by(AuditEntry.id)
+        )
+    ]
     return out
 
 
-def events(session: Session, *, request_id: str, after_step: int = 0) -> list[dict[str, Any]]:
-    rows = session.scalars(select(TrainingEvent).where(TrainingEvent.request_id == request_id,
-                                                        TrainingEvent.step > after_step)
-                           .order_by(TrainingEvent.step)).all()
-    return [dict(e.record or {}, step=e.step) for e in rows]
+def events(session: Session, *, request_id: str) -> list[dict[str, Any]]:
+    return requests.list_events(session, request_id=request_id)
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
@@ -166,62 +243,83 @@ def metric_rows(before: dict | None, after: dict | None) -> list[dict[str, Any]]
 
 
 def visible_base_models(session: Session, *, tenant_id: str) -> list[dict[str, Any]]:
-    models = session.scalars(select(BaseModel).where(or_(BaseModel.tenant_id.is_(None),
-                                                         BaseModel.tenant_id == tenant_id))
-                             .order_by(BaseModel.name)).all()
+    models = base_models.list_visible(session, tenant_id=tenant_id)
     counts: dict[tuple[str, str], int] = {}
-    for bm_id, state, n in session.execute(select(AdapterVersion.base_model_id, AdapterVersion.state, func.count())
-                                           .group_by(AdapterVersion.base_model_id, AdapterVersion.state)).all():
+    for bm_id, state, n in session.execute(
+        select(AdapterVersion.base_model_id, AdapterVersion.state, func.count()).group_by(
+            AdapterVersion.base_model_id, AdapterVersion.state
+        )
+    ).all():
         counts[(bm_id, _status(state))] = n
-    return [{"name": m.name, "source": m.source, "description": m.description, "created_at": m.created_at,
-             "shared": m.tenant_id is None, "active": counts.get((m.id, "active"), 0),
-             "disabled": counts.get((m.id, "disabled"), 0)} for m in models]
+    return [
+        {
+            "name": m.name,
+            "source": m.source,
+            "description": m.description,
+            "created_at": m.created_at,
+            "shared": m.tenant_id is None,
+            "active": counts.get((m.id, "active"), 0),
+            "disabled": counts.get((m.id, "disabled"), 0),
+        }
+        for m in models
+    ]
 
 
 def model_detail(session: Session, *, tenant_id: str, name: str) -> dict[str, Any] | None:
     """The base model and its adapter stack, oldest first, with who changed each adapter's state and why."""
-    model = session.scalar(select(BaseModel).where(BaseModel.name == name))
-    if model is None or model.tenant_id not in (None, tenant_id):
+    try:
+        model = base_models.get_visible(session, name=name, tenant_id=tenant_id)
+    except NotFound:
         return None
-    adapters = session.scalars(select(AdapterVersion).where(AdapterVersion.base_model_id == model.id)
-                               .order_by(AdapterVersion.version)).all()
-    states = {a.id: _status(a.state) for a in adapters}
+    adapters = registry.list_stack(session, model)
+    stale = registry.stale_flags(adapters)
+    versions = {a.id: a.version for a in adapters}
     history: dict[str, list[dict[str, Any]]] = {}
     if adapters:
-        for e in session.scalars(select(AuditEntry).where(AuditEntry.subject_id.in_([a.id for a in adapters]))
-                                 .order_by(AuditEntry.id)):
+        for e in session.scalars(
+            select(AuditEntry)
+            .where(AuditEntry.subject_id.in_([a.id for a in adapters]))
+            .order_by(AuditEntry.id)
+        ):
             history.setdefault(e.subject_id, []).append(audit_row(e))
-    items = []
+    items, active_below = [], []
     for a in adapters:
         req = a.request
-        parent = [p for p in (a.parent_stack or [])]
-        effective_parent = [p for p in parent if states.get(p) == "active"]
-        # Trained on a stack that no longer matches: something underneath was disabled since.
-        stale = [p for p in parent if states.get(p) != "active"]
-        items.append({
-            "id": a.id, "version": a.version, "state": _status(a.state), "method": a.method, "sha256": a.sha256,
-            "size_bytes": a.size_bytes, "created_at": a.created_at, "request_id": a.request_id,
-            "request_visible": req is not None and req.tenant_id == tenant_id,
-            "metrics_after": req.metrics_after if req is not None and req.tenant_id == tenant_id else None,
-            "metrics_before": req.metrics_before if req is not None and req.tenant_id == tenant_id else None,
-            "headline": headline_metrics(req.metrics_before if req else None, req.metrics_after if req else None)
-            if req is not None and req.tenant_id == tenant_id else [],
-            "parent_stack": parent, "parent_versions": [_version_of(adapters, p) for p in parent],
-            "effective_parent": effective_parent, "stale_parents": [_version_of(adapters, p) for p in stale],
-            "state_changed_at": a.state_changed_at, "state_changed_by": a.state_changed_by,
-            "state_reason": a.state_reason, "history": history.get(a.id, []),
-            "hyperparameters": dict(a.hyperparameters or {}),
-        })
-    return {"name": model.name, "source": model.source, "description": model.description,
-            "shared": model.tenant_id is None, "adapters": items,
-            "active": [i["version"] for i in items if i["state"] == "active"]}
-
-
-def _version_of(adapters: list[AdapterVersion], adapter_id: str) -> int | str:
-    for a in adapters:
-        if a.id == adapter_id:
-            return a.version
-    return adapter_id
+        mine = req is not None and req.tenant_id == tenant_id
+        parent = list(a.parent_stack or [])
+        items.append(
+            {
+                "id": a.id,
+                "version": a.version,
+                "state": _status(a.state),
+                "method": a.method,
+                "sha256": a.sha256,
+                "size_bytes": a.size_bytes,
+                "created_at": a.created_at,
+                "request_id": a.request_id,
+                "request_visible": mine,
+                "headline": headline_metrics(req.metrics_before, req.metrics_after) if mine else [],
+                "parent_versions": [versions.get(p, p) for p in parent],
+                "stale": stale[a.id],
+                # how the active stack below differs from the one it was trained on
+                "missing_below": [versions.get(p, p) for p in parent if p not in active_below],
+                "added_below": [versions[p] for p in active_below if p not in parent],
+                "state_changed_at": a.state_changed_at,
+                "state_changed_by": a.state_changed_by,
+                "state_reason": a.state_reason,
+                "history": history.get(a.id, []),
+            }
+        )
+        if _status(a.state) == "active":
+            active_below.append(a.id)
+    return {
+        "name": model.name,
+        "source": model.source,
+        "description": model.description,
+        "shared": model.tenant_id is None,
+        "adapters": items,
+        "active": [i["version"] for i in items if i["state"] == "active"],
+    }
 
 
 HEADLINE_KEYS = ("Prob", "ROUGE", "ROUGE-L", "rouge_l", "MIA_AUC", "mia_auc", "MU", "forget_quality")
@@ -230,23 +328,42 @@ HEADLINE_KEYS = ("Prob", "ROUGE", "ROUGE-L", "rouge_l", "MIA_AUC", "mia_auc", "M
 def headline_metrics(before: dict | None, after: dict | None, limit: int = 6) -> list[dict[str, Any]]:
     """A few before → after pairs for the stack timeline (forget-side first)."""
     rows = metric_rows(before, after)
+
     def rank(row: dict[str, Any]) -> tuple[int, str]:
         leaf = row["name"].split(".")[-1]
         forget_first = 0 if row["name"].startswith("forget") else 1
         known = 0 if any(leaf.lower() == k.lower() for k in HEADLINE_KEYS) else 1
         return (known, forget_first, row["name"])  # type: ignore[return-value]
+
     return sorted(rows, key=rank)[:limit]
 
 
 def audit_row(e: AuditEntry) -> dict[str, Any]:
-    return {"id": e.id, "created_at": e.created_at, "actor": e.actor, "action": e.action,
-            "subject_type": e.subject_type, "subject_id": e.subject_id, "reason": e.reason,
-            "data": dict(e.data or {}), "hash": e.hash, "prev_hash": e.prev_hash, "tenant_id": e.tenant_id}
+    return {
+        "id": e.id,
+        "created_at": e.created_at,
+        "actor": e.actor,
+        "action": e.action,
+        "subject_type": e.subject_type,
+        "subject_id": e.subject_id,
+        "reason": e.reason,
+        "data": dict(e.data or {}),
+        "hash": e.hash,
+        "prev_hash": e.prev_hash,
+        "tenant_id": e.tenant_id,
+    }
 
 
-def audit_page(session: Session, *, tenant_id: str | None, action: str | None = None,
-               subject: str | None = None, actor: str | None = None, before_id: int | None = None,
-               limit: int = 50) -> dict[str, Any]:
+def audit_page(
+    session: Session,
+    *,
+    tenant_id: str | None,
+    action: str | None = None,
+    subject: str | None = None,
+    actor: str | None = None,
+    before_id: int | None = None,
+    limit: int = 50,
+) -> dict[str, Any]:
     query = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit + 1)
     if tenant_id is not None:
         query = query.where(AuditEntry.tenant_id == tenant_id)
@@ -264,6 +381,10 @@ def audit_page(session: Session, *, tenant_id: str | None, action: str | None = 
     base = select(AuditEntry.action).distinct().order_by(AuditEntry.action)
     if tenant_id is not None:
         base = base.where(AuditEntry.tenant_id == tenant_id)
-    return {"entries": [audit_row(e) for e in rows], "more": more,
-            "next_before": rows[-1].id if more and rows else None,
-            "actions": list(session.scalars(base)), "chain": audit.verify_chain(session).as_dict()}
+    return {
+        "entries": [audit_row(e) for e in rows],
+        "more": more,
+        "next_before": rows[-1].id if more and rows else None,
+        "actions": list(session.scalars(base)),
+        "chain": audit.verify_chain(session).as_dict(),
+    }

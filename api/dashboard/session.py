@@ -8,14 +8,13 @@ itself never reads cookies, so the cookie cannot be used for cross-site requests
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 from fastapi import Request
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from persistence.models import ApiKey, Scope, utcnow
+from persistence import auth
+from persistence.models import Scope
 
 COOKIE = "blade_key"
 COOKIE_PATH = "/dashboard"
@@ -31,6 +30,7 @@ class Viewer:
     tenant_id: str
     tenant_name: str
     scopes: tuple[str, ...]
+    operator: bool = False  # an admin key of the default tenant: sees every tenant's audit entries
 
     @property
     def is_admin(self) -> bool:
@@ -41,35 +41,22 @@ class Viewer:
         return self.is_admin or Scope.SUBMIT.value in self.scopes
 
 
-def lookup_key(session: Session, raw_key: str) -> ApiKey | None:
-    """The live key for a secret (stored as sha256), or None."""
-    if not raw_key:
-        return None
-    try:  # the API's own lookup, when present, is the one truth about keys
-        from persistence import auth
-
-        finder = getattr(auth, "authenticate_key", None) or getattr(auth, "find_key", None)
-    except ImportError:
-        finder = None
-    if finder is not None:
-        try:
-            return finder(session, raw_key)
-        except Exception:
-            return None
-    digest = hashlib.sha256(raw_key.encode()).hexdigest()
-    key = session.scalar(select(ApiKey).where(ApiKey.key_hash == digest))
-    if key is None or key.revoked_at is not None:
-        return None
-    return key
-
-
 def viewer_for(session: Session, raw_key: str) -> Viewer | None:
-    key = lookup_key(session, raw_key)
+    """Who holds this secret (the API's own key lookup), or None for an unknown or revoked key."""
+    key = auth.authenticate(session, raw_key)
     if key is None:
         return None
-    key.last_used_at = utcnow()
-    return Viewer(key_id=key.id, key_name=key.name, key_prefix=key.prefix, tenant_id=key.tenant_id,
-                  tenant_name=key.tenant.name, scopes=tuple(sorted(str(s) for s in key.scopes)))
+    if session.dirty:
+        session.commit()  # last_used_at
+    return Viewer(
+        key_id=key.id,
+        key_name=key.name,
+        key_prefix=key.prefix,
+        tenant_id=key.tenant_id,
+        tenant_name=key.tenant.name,
+        scopes=tuple(str(s) for s in key.scopes),
+        operator=auth.is_operator(key),
+    )
 
 
 def cookie_key(request: Request) -> str:

@@ -15,7 +15,6 @@ Each page takes `?fragment=1` and then returns only its live part (what the page
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -24,10 +23,10 @@ from urllib.parse import quote
 from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
-from sqlalchemy.orm import Session
 
 from api.dashboard import queries
 from api.dashboard.session import COOKIE, COOKIE_PATH, Viewer, cookie_key, viewer_for
+from api.deps import SessionDep
 from persistence.settings import Settings, get_settings
 
 HERE = Path(__file__).resolve().parent
@@ -41,8 +40,11 @@ router = APIRouter(prefix="/dashboard", include_in_schema=False)
 def _ago(value: datetime | float | None) -> str:
     if value is None:
         return "—"
-    seconds = value if isinstance(value, int | float) else (
-        datetime.now(UTC) - (value if value.tzinfo else value.replace(tzinfo=UTC))).total_seconds()
+    seconds = (
+        value
+        if isinstance(value, int | float)
+        else (datetime.now(UTC) - (value if value.tzinfo else value.replace(tzinfo=UTC))).total_seconds()
+    )
     seconds = max(0, seconds)
     if seconds < 1:
         return "just now"
@@ -108,17 +110,6 @@ def _settings(request: Request) -> Settings:
     return getattr(request.app.state, "settings", None) or get_settings()
 
 
-def get_session(request: Request) -> Iterator[Session]:
-    from persistence.db import session_factory
-
-    with session_factory(_settings(request))() as session:
-        yield session
-        session.commit()
-
-
-SessionDep = Annotated[Session, Depends(get_session)]
-
-
 class SignInRequired(Exception):
     def __init__(self, next_url: str):
         self.next_url = next_url
@@ -144,13 +135,15 @@ def render(request: Request, name: str, viewer: Viewer | None, **context: Any) -
     """A full page, or with ?fragment=1 only its live part (`_<name>` without the page chrome)."""
     fragment = bool(request.query_params.get("fragment"))
     template = f"_{name}" if fragment else name
-    return templates.TemplateResponse(request, template, {"viewer": viewer, **context},
-                                      headers={"Cache-Control": "no-store"})
+    return templates.TemplateResponse(
+        request, template, {"viewer": viewer, **context}, headers={"Cache-Control": "no-store"}
+    )
 
 
 def not_found(request: Request, viewer: Viewer, what: str) -> HTMLResponse:
-    response = templates.TemplateResponse(request, "not_found.html", {"viewer": viewer, "what": what},
-                                          status_code=404)
+    response = templates.TemplateResponse(
+        request, "not_found.html", {"viewer": viewer, "what": what}, status_code=404
+    )
     return response
 
 
@@ -158,27 +151,47 @@ def not_found(request: Request, viewer: Viewer, what: str) -> HTMLResponse:
 
 
 def _safe_next(next_url: str | None) -> str:
-    return next_url if next_url and next_url.startswith("/dashboard") and "//" not in next_url else "/dashboard"
+    return (
+        next_url if next_url and next_url.startswith("/dashboard") and "//" not in next_url else "/dashboard"
+    )
 
 
 @router.get("/login", response_class=HTMLResponse)
 def login_page(request: Request, next: str | None = None, error: str | None = None) -> HTMLResponse:
-    return templates.TemplateResponse(request, "login.html", {"viewer": None, "next": _safe_next(next),
-                                                              "error": error})
+    return templates.TemplateResponse(
+        request, "login.html", {"viewer": None, "next": _safe_next(next), "error": error}
+    )
 
 
 @router.post("/login")
-def login(request: Request, session: SessionDep, api_key: Annotated[str, Form()] = "",
-          next: Annotated[str, Form()] = "/dashboard") -> Response:
+def login(
+    request: Request,
+    session: SessionDep,
+    api_key: Annotated[str, Form()] = "",
+    next: Annotated[str, Form()] = "/dashboard",
+) -> Response:
     viewer = viewer_for(session, api_key.strip())
     if viewer is None:
-        return templates.TemplateResponse(request, "login.html", {
-            "viewer": None, "next": _safe_next(next), "error": "That key is not valid (unknown or revoked)."},
-            status_code=401)
+        return templates.TemplateResponse(
+            request,
+            "login.html",
+            {
+                "viewer": None,
+                "next": _safe_next(next),
+                "error": "That key is not valid (unknown or revoked).",
+            },
+            status_code=401,
+        )
     response = RedirectResponse(_safe_next(next), status_code=303)
     # Not HttpOnly: the pages' script reads it to call the JSON API with a Bearer header.
-    response.set_cookie(COOKIE, api_key.strip(), path=COOKIE_PATH, samesite="strict",
-                        secure=request.url.scheme == "https", max_age=12 * 3600)
+    response.set_cookie(
+        COOKIE,
+        api_key.strip(),
+        path=COOKIE_PATH,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        max_age=12 * 3600,
+    )
     return response
 
 
@@ -198,19 +211,39 @@ def overview(request: Request, session: SessionDep, viewer: ViewerDep) -> HTMLRe
     from worker.names import ALL_QUEUES
 
     settings = _settings(request)
-    data = queries.overview(session, tenant_id=viewer.tenant_id, alive_after_s=worker_alive_after_s(settings),
-                            broker_depths=broker_queue_depths(ALL_QUEUES, timeout=1.5))
+    data = queries.overview(
+        session,
+        tenant_id=viewer.tenant_id,
+        alive_after_s=worker_alive_after_s(settings),
+        broker_depths=broker_queue_depths(ALL_QUEUES, timeout=1.5),
+    )
     return render(request, "overview.html", viewer, page="overview", data=data)
 
 
 @router.get("/requests", response_class=HTMLResponse)
-def requests_page(request: Request, session: SessionDep, viewer: ViewerDep, state: str | None = None,
-                  base_model: str | None = None) -> HTMLResponse:
+def requests_page(
+    request: Request,
+    session: SessionDep,
+    viewer: ViewerDep,
+    state: str | None = None,
+    base_model: str | None = None,
+) -> HTMLResponse:
     state = state if state in queries.STATE_ORDER else None
-    rows = queries.list_requests(session, tenant_id=viewer.tenant_id, status=state, base_model=base_model or None)
+    rows = queries.list_requests(
+        session, tenant_id=viewer.tenant_id, status=state, base_model=base_model or None
+    )
     models = [m["name"] for m in queries.visible_base_models(session, tenant_id=viewer.tenant_id)]
-    return render(request, "requests.html", viewer, page="requests", rows=rows, state=state,
-                  base_model=base_model or "", states=queries.STATE_ORDER, models=models)
+    return render(
+        request,
+        "requests.html",
+        viewer,
+        page="requests",
+        rows=rows,
+        state=state,
+        base_model=base_model or "",
+        states=queries.STATE_ORDER,
+        models=models,
+    )
 
 
 @router.get("/requests/{request_id}", response_class=HTMLResponse)
@@ -218,9 +251,16 @@ def request_page(request: Request, request_id: str, session: SessionDep, viewer:
     detail = queries.request_detail(session, tenant_id=viewer.tenant_id, request_id=request_id)
     if detail is None:
         return not_found(request, viewer, f"request {request_id}")
-    initial = _nan_to_none({"id": detail["id"], "status": detail["status"], "step": detail["step"],
-                            "total_steps": detail["total_steps"], "terminal": detail["terminal"],
-                            "events": detail["events"]})
+    initial = _nan_to_none(
+        {
+            "id": detail["id"],
+            "status": detail["status"],
+            "step": detail["step"],
+            "total_steps": detail["total_steps"],
+            "terminal": detail["terminal"],
+            "events": detail["events"],
+        }
+    )
     return render(request, "request.html", viewer, page="requests", r=detail, initial=initial)
 
 
@@ -238,8 +278,14 @@ def _nan_to_none(value: Any) -> Any:
 def certificate_page(request: Request, request_id: str, session: SessionDep, viewer: ViewerDep) -> Response:
     from api.routes_certificates import certificate_response
 
-    return certificate_response(request, session, request_id=request_id, tenant_id=viewer.tenant_id,
-                                settings=_settings(request), fmt=request.query_params.get("format", "html"))
+    return certificate_response(
+        request,
+        session,
+        request_id=request_id,
+        tenant_id=viewer.tenant_id,
+        settings=_settings(request),
+        fmt=request.query_params.get("format", "html"),
+    )
 
 
 @router.get("/models", response_class=HTMLResponse)
@@ -257,11 +303,28 @@ def model_page(request: Request, name: str, session: SessionDep, viewer: ViewerD
 
 
 @router.get("/audit", response_class=HTMLResponse)
-def audit_page(request: Request, session: SessionDep, viewer: ViewerDep, action: str | None = None,
-               subject: str | None = None, actor: str | None = None,
-               before: Annotated[int | None, Query()] = None) -> HTMLResponse:
-    data = queries.audit_page(session, tenant_id=viewer.tenant_id, action=action or None,
-                              subject=(subject or "").strip() or None, actor=(actor or "").strip() or None,
-                              before_id=before)
-    return render(request, "audit.html", viewer, page="audit", data=data,
-                  filters={"action": action or "", "subject": subject or "", "actor": actor or ""})
+def audit_page(
+    request: Request,
+    session: SessionDep,
+    viewer: ViewerDep,
+    action: str | None = None,
+    subject: str | None = None,
+    actor: str | None = None,
+    before: Annotated[int | None, Query()] = None,
+) -> HTMLResponse:
+    data = queries.audit_page(
+        session,
+        tenant_id=None if viewer.operator else viewer.tenant_id,
+        action=action or None,
+        subject=(subject or "").strip() or None,
+        actor=(actor or "").strip() or None,
+        before_id=before,
+    )
+    return render(
+        request,
+        "audit.html",
+        viewer,
+        page="audit",
+        data=data,
+        filters={"action": action or "", "subject": subject or "", "actor": actor or ""},
+    )
