@@ -130,3 +130,24 @@ def write_rows(path: str | Path, rows: Iterable[dict[str, Any]]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
     return path
+
+
+def tiny_task(config: Any, *, forget_rows: Sequence[dict[str, Any]] | None = None,
+              retain_rows: Sequence[dict[str, Any]] | None = None, model: torch.nn.Module | None = None,
+              tokenizer: Any = None, hooks: Any = None) -> Any:
+    """An `UnlearnTask` on CPU: the given (or a random tiny) model with a LoRA adapter when `config.use_lora`,
+    forget/retain rows tokenised with `config.max_length` (defaults: 6 and 24 tiny QA rows)."""
+    from blade_core import lora
+    from blade_core.data import tokenize_rows
+    from blade_core.methods.base import Hooks, UnlearnTask
+
+    tokenizer = tokenizer or tiny_tokenizer()
+    model = model if model is not None else tiny_model(tokenizer, seed=config.seed)
+    torch.manual_seed(config.seed)
+    if config.use_lora:
+        model = lora.attach_adapter(model, config)
+    model.train()
+    forget = tokenize_rows(list(forget_rows or tiny_qa_rows(6, seed=0, prefix="f")), tokenizer, config.max_length)
+    retain = tokenize_rows(list(retain_rows or tiny_qa_rows(24, seed=1, prefix="r")), tokenizer, config.max_length)
+    return UnlearnTask(model=model, tokenizer=tokenizer, forget=forget, retain=retain, device=torch.device("cpu"),
+                       hooks=hooks or Hooks())

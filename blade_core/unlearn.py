@@ -170,9 +170,7 @@ def _progress_hooks(hooks: Hooks, total: int) -> tuple[Hooks, Any]:
 
     def on_step(record: dict[str, Any]) -> None:
         bar.n = record["step"]
-        post = {"L_fgt": f"{record['L_fgt']:.4f}", "L_ret": f"{record['L_ret']:.4f}"}
-        if "lambda" in record:
-            post = {"lambda": f"{record['lambda']:.3f}", **post}
+        post = {k: f"{record[k]:.4f}" for k in ("lambda", "L_fgt", "L_ret") if record.get(k) is not None}
         bar.set_postfix(post, refresh=False)
         bar.refresh()
         if user is not None:
