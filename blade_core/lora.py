@@ -26,9 +26,27 @@ LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
 STACK_PREFIX = "stack"
 
 
+def _linear_types() -> tuple[type, ...]:
+    try:  # GPT-2-style models use transformers' Conv1D (a transposed linear), which peft also adapts
+        from transformers.pytorch_utils import Conv1D
+
+        return (nn.Linear, Conv1D)
+    except ImportError:  # pragma: no cover
+        return (nn.Linear,)
+
+
 def default_target_modules(model: nn.Module) -> list[str]:
-    """q/k/v/o/gate/up/down projections when the model has them, else every nn.Linear leaf name but lm_head."""
-    names = {name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if isinstance(mod, nn.Linear)}
+    """q/k/v/o/gate/up/down projections when the model has them, else every linear leaf name but the LM head."""
+    from peft.tuners.lora import LoraLayer
+
+    kinds = (*_linear_types(), LoraLayer)  # a layer already carrying a stacked adapter is still a target
+    names = set()
+    for name, mod in model.named_modules():
+        parts = name.split(".")
+        if any(p.startswith("lora_") or p == "base_layer" for p in parts):
+            continue  # the insides of a LoRA layer
+        if isinstance(mod, kinds):
+            names.add(parts[-1])
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     out_names = {name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if mod is output}
     llama = [n for n in LLAMA_TARGETS if n in names]
