@@ -19,6 +19,8 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.dashboard import install_dashboard
+from api.observability import install_observability
 from api.routes import adapters, audit, base_models, datasets, health, keys, requests
 from persistence import auth
 from persistence.db import session_factory, upgrade_to_head
@@ -113,8 +115,11 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(500, "internal", "internal server error")
 
 
-class _TooLarge(Exception):
-    pass
+class _TooLarge(StarletteHTTPException):
+    """Raised from `receive` mid-stream; an HTTPException so FastAPI's body parsing passes it on as a 413."""
+
+    def __init__(self, limit: int):
+        super().__init__(413, f"request body larger than {limit} bytes")
 
 
 class BodySizeLimit:
@@ -137,7 +142,7 @@ class BodySizeLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
-                    raise _TooLarge
+                    raise _TooLarge(self.limit)
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -184,4 +189,6 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
         audit.router,
     ):
         app.include_router(router)
+    install_observability(app, settings, app.state.session_factory)  # GET /metrics, HTTP metrics, trace ids
+    install_dashboard(app)  # GET /dashboard, certificates
     return app

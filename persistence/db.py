@@ -13,6 +13,7 @@ will write holds the write lock from its first statement instead of failing to u
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,7 +26,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from persistence.settings import Settings, get_settings
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+# The `migrations` package (beside this one, in the repo and when installed), found without importing it.
+MIGRATIONS_DIR = Path(importlib.util.find_spec("migrations").origin).resolve().parent
 
 _engines: dict[str, Engine] = {}
 _lock = threading.Lock()

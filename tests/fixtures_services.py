@@ -3,8 +3,9 @@
 - `pg_url`: a fresh, uniquely named database on 127.0.0.1:5432 for the whole test session, dropped at the end
   (`BLADE_TEST_POSTGRES_URL` names another server's maintenance database; default
   `postgresql://postgres@127.0.0.1:5432/postgres`). Tests skip when no server answers.
-- `service_settings`, `api_app`, `api_client`: the API app on that database with artifacts under a temporary
-  directory; `enqueued` lists the request ids the app handed to the workers (no broker needed).
+- `service_redis`, `service_settings`, `api_app`, `api_client`: the API app on that database, artifacts in a
+  temporary directory, tasks published to dedicated Redis db numbers (7, 8) where no worker consumes them;
+  `enqueued()` lists the request ids waiting in the broker's `unlearn` queue.
 - `admin_key`: the bootstrap admin key (default tenant). `tenant`: a fresh tenant with an admin key per test,
   so tests never see each other's rows; `make_key(tenant, scopes)` adds keys; `headers(key)` builds auth.
 - `upload_dataset(client, key, rows)`, `qa_rows(n)`: dataset helpers; `row_counts(engine)`: "nothing stored".
@@ -12,9 +13,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -70,14 +73,36 @@ def fresh_pg_url() -> Iterator[str]:
         yield url
 
 
+REDIS_BROKER_DB, REDIS_RESULT_DB = 7, 8  # the worker tests use 11 and 12
+
+
 @pytest.fixture(scope="session")
-def service_settings(pg_url, tmp_path_factory):
+def service_redis() -> Iterator[tuple[str, str]]:
+    """(broker URL, result-backend URL): dedicated db numbers of the local Redis, flushed before and after."""
+    redis = pytest.importorskip("redis")
+    base = os.environ.get("BLADE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+    urls = (f"{base}/{REDIS_BROKER_DB}", f"{base}/{REDIS_RESULT_DB}")
+    try:
+        for url in urls:
+            redis.Redis.from_url(url, socket_connect_timeout=2).flushdb()
+    except redis.exceptions.ConnectionError as exc:
+        pytest.skip(f"no Redis at {base}: {exc}")
+    yield urls
+    for url in urls:
+        with contextlib.suppress(redis.exceptions.ConnectionError):
+            redis.Redis.from_url(url, socket_connect_timeout=2).flushdb()
+
+
+@pytest.fixture(scope="session")
+def service_settings(pg_url, service_redis, tmp_path_factory):
     from persistence.settings import Settings
 
     data_dir = tmp_path_factory.mktemp("service-data")
     return Settings(
         data_dir=data_dir,
         database_url=pg_url,
+        broker_url=service_redis[0],
+        result_backend=service_redis[1],
         storage_root=data_dir / "artifacts",
         bootstrap_admin_key=ADMIN_SECRET,
         max_upload_bytes=256 * 1024,
@@ -85,31 +110,62 @@ def service_settings(pg_url, tmp_path_factory):
     )
 
 
-@pytest.fixture(scope="session")
-def enqueued() -> list[str]:
-    """Request ids the API handed to `worker.dispatch.enqueue_unlearn` (replaced by a recorder here)."""
-    return []
+@contextmanager
+def celery_configured_for(settings) -> Iterator[Any]:
+    """Point this process's Celery app (`worker.celery_app.app`, what the API publishes with) at the settings'
+    broker and result backend, as BLADE_BROKER_URL would at start-up; restore it afterwards."""
+    from worker.celery_app import app, build_config
+
+    wanted = build_config(settings)
+    saved = {key: app.conf.get(key) for key in wanted}
+
+    def drop_connections() -> None:  # the app caches its pool and backend on first use; kombu keeps the pools
+        app._pool = None
+        app.amqp._producer_pool = None
+        app._backend_cache = None
+        app._local = threading.local()
+
+    drop_connections()
+    app.conf.update(wanted)
+    try:
+        yield app
+    finally:
+        drop_connections()
+        app.conf.update(saved)
 
 
-@pytest.fixture(scope="session")
-def api_app(service_settings, enqueued):
-    import worker.dispatch as dispatch
+@pytest.fixture(scope="module")
+def api_app(service_settings):
+    """The API app on the session's database, publishing to the session's Redis (per test module, so the
+    process-wide Celery configuration is put back before other modules run)."""
     from api.main import create_app
 
-    original = dispatch.enqueue_unlearn
-
-    def record(request_id: str, **_: Any) -> bool:
-        enqueued.append(request_id)
-        return True
-
-    dispatch.enqueue_unlearn = record
-    try:
+    with celery_configured_for(service_settings):
         yield create_app(service_settings)
-    finally:
-        dispatch.enqueue_unlearn = original
 
 
 @pytest.fixture(scope="session")
+def enqueued(service_redis) -> Callable[[], list[str]]:
+    """enqueued() -> ids of the requests whose unlearn task waits in the `unlearn` queue, oldest first."""
+    import base64
+
+    import redis
+
+    client = redis.Redis.from_url(service_redis[0])
+
+    def ids() -> list[str]:
+        found = []
+        for queue in sorted(client.keys("unlearn*")):  # one list per priority level
+            for raw in reversed(client.lrange(queue, 0, -1)):  # LPUSHed: oldest last
+                message = json.loads(raw)
+                _, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+                found.append(kwargs["request_id"])
+        return found
+
+    return ids
+
+
+@pytest.fixture(scope="module")
 def api_client(api_app):
     from fastapi.testclient import TestClient
 
@@ -117,7 +173,7 @@ def api_client(api_app):
         yield client
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def db_engine(api_app):
     return api_app.state.session_factory.kw["bind"]
 
@@ -132,7 +188,7 @@ def headers(key: str, **extra: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}", **extra}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def admin_key(api_client) -> str:
     return ADMIN_SECRET
 

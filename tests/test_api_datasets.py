@@ -112,3 +112,28 @@ def test_upload_needs_submit_scope(api_client, tenant, make_key, db_engine):
     resp = api_client.post("/datasets", files={"file": ("a.jsonl", jsonl(qa_rows(1)))})
     assert resp.status_code == 401
     assert row_counts(db_engine) == before
+
+
+def test_oversized_chunked_body_is_refused_while_streaming(api_client, tenant, service_settings, db_engine):
+    import uuid
+
+    boundary = uuid.uuid4().hex
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="big.jsonl"\r\n'
+        "Content-Type: application/octet-stream\r\n\r\n"
+    ).encode()
+
+    def body():  # no Content-Length: the limit must hold while the body streams in
+        yield head
+        for _ in range((service_settings.max_upload_bytes + 2 * 1024 * 1024) // 65536 + 1):
+            yield b"x" * 65536
+        yield f"\r\n--{boundary}--\r\n".encode()
+
+    before = row_counts(db_engine)
+    resp = api_client.post(
+        "/datasets",
+        headers=headers(tenant.admin, **{"Content-Type": f"multipart/form-data; boundary={boundary}"}),
+        content=body(),
+    )
+    assert resp.status_code == 413 and resp.json()["error"]["code"] == "too_large"
+    assert row_counts(db_engine) == before

@@ -27,7 +27,7 @@ def set_status(api_app, request_id: str, status: RequestStatus, **values):
         )
 
 
-def test_submit_queues_and_enqueues(api_client, ready, enqueued):
+def test_submit_queues_and_enqueues(api_client, api_app, ready, enqueued):
     resp = submit(api_client, ready, metadata={"ticket": "DSR-1"})
     assert resp.status_code == 202, resp.text
     body = resp.json()
@@ -35,7 +35,9 @@ def test_submit_queues_and_enqueues(api_client, ready, enqueued):
     assert body["params"] == {"max_steps": 5} and body["metadata"] == {"ticket": "DSR-1"}
     assert body["progress"] == {"step": 0, "total_steps": 5, "fraction": 0.0}
     assert body["adapter_id"] is None and body["error"] is None and body["queue_seq"] == 1
-    assert enqueued[-1] == body["id"]
+    assert enqueued()[-1] == body["id"]  # the unlearn task waits in the real broker
+    with api_app.state.session_factory() as s:
+        assert s.get(UnlearnRequest, body["id"]).enqueued_at is not None
     got = api_client.get(f"/unlearn-requests/{body['id']}", headers=headers(ready.tenant.admin)).json()
     assert got["id"] == body["id"] and got["queue_position"] == 0
 
@@ -75,12 +77,12 @@ BAD_BODIES = [
 def test_bad_requests_name_the_field_and_store_nothing(
     api_client, ready, db_engine, enqueued, overrides, status, field
 ):
-    before, sent = row_counts(db_engine), len(enqueued)
+    before, sent = row_counts(db_engine), len(enqueued())
     resp = submit(api_client, ready, **overrides)
     assert resp.status_code == status, resp.text
     error = resp.json()["error"]
     assert error["field"] == field and field.split(".")[-1] in error["message"] and error["code"]
-    assert row_counts(db_engine) == before and len(enqueued) == sent
+    assert row_counts(db_engine) == before and len(enqueued()) == sent
 
 
 def test_same_dataset_twice_and_missing_fields_are_refused(api_client, ready, db_engine):
@@ -113,12 +115,12 @@ def test_another_tenants_dataset_and_model_are_unknown(api_client, ready, make_k
 def test_idempotency_key_returns_the_original(api_client, ready, enqueued, db_engine):
     key = f"idem-{uuid.uuid4().hex}"
     first = submit(api_client, ready, idem=key)
-    sent = len(enqueued)
+    sent = len(enqueued())
     before = row_counts(db_engine)
     again = submit(api_client, ready, idem=key)
     assert first.status_code == again.status_code == 202
     assert again.json()["id"] == first.json()["id"] and again.headers["Idempotent-Replayed"] == "true"
-    assert len(enqueued) == sent and row_counts(db_engine) == before
+    assert len(enqueued()) == sent and row_counts(db_engine) == before
     changed = submit(api_client, ready, idem=key, params={"max_steps": 6})
     assert changed.status_code == 409 and changed.json()["error"]["code"] == "idempotency_key_reused"
     assert submit(api_client, ready, idem=f"other-{key}").json()["id"] != first.json()["id"]

@@ -67,34 +67,15 @@ def test_bootstrap_admin_key_is_created_once(api_app, admin_key, api_client):
     assert again.id == me["id"]
 
 
-def test_generate_goes_through_the_worker_with_a_bounded_wait(api_client, ready, monkeypatch):
-    import worker.dispatch as dispatch
+def test_generate_waits_a_bounded_time_for_a_worker(api_client, ready, service_redis):
+    """No inference worker listens on this broker: the call gives up after generate_timeout_s with a 504."""
+    import time
 
-    calls = []
-
-    def fake_generate(base_model, prompt, max_new_tokens=64, timeout=60.0):
-        calls.append((base_model, prompt, max_new_tokens, timeout))
-        return " a completion"
-
-    monkeypatch.setattr(dispatch, "generate", fake_generate)
     h = headers(ready.tenant.admin)
-    resp = api_client.post(f"/base-models/{ready.base_model}/generate", headers=h, json={"prompt": "Who?"})
-    assert resp.status_code == 200 and resp.json()["text"] == " a completion" and resp.json()["stack"] == []
-    assert calls == [(ready.base_model, "Who?", 64, 2.0)]
-
-    def slow(*_, **__):
-        raise dispatch.GenerateTimeout("generate_timeout", "no worker answered")
-
-    monkeypatch.setattr(dispatch, "generate", slow)
+    started = time.monotonic()
     resp = api_client.post(f"/base-models/{ready.base_model}/generate", headers=h, json={"prompt": "Who?"})
     assert resp.status_code == 504 and resp.json()["error"]["code"] == "generate_timeout"
-
-    def down(*_, **__):
-        raise dispatch.DispatchError("broker_unavailable", "could not reach the task broker")
-
-    monkeypatch.setattr(dispatch, "generate", down)
-    resp = api_client.post(f"/base-models/{ready.base_model}/generate", headers=h, json={"prompt": "Who?"})
-    assert resp.status_code == 503
+    assert 1.5 < time.monotonic() - started < 15
     resp = api_client.post("/base-models/nope/generate", headers=h, json={"prompt": "Who?"})
     assert resp.status_code == 404
     resp = api_client.post(
