@@ -60,6 +60,7 @@ STEP_BUCKETS = (1, 5, 10, 25, 50, 100, 150, 200, 250, 400, 600, 1000)
 HTTP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 RUNNING = (RequestStatus.RUNNING, RequestStatus.EVALUATING, RequestStatus.CANCELLING)
 UNMATCHED_ROUTE = "<unmatched>"
+SKIP_LOG_PREFIXES = ("/dashboard/static/",)  # no access-log line for these (still counted in the metrics)
 
 
 def worker_alive_after_s(settings: Settings) -> float:
@@ -293,10 +294,15 @@ class ServiceStateCollector(Collector):
         methods = {m for _, m, _ in snap["by_state_method"]}
         for state, method, n in snap["by_state_method"]:
             counts[(state, method)] += n
+        totals = GaugeMetricFamily(
+            "blade_unlearn_requests_by_state", "Unlearn requests by state (all methods)", labels=["state"]
+        )
         for state in RequestStatus:  # every state present (0 when none), so panels do not go blank
-            for method in sorted(methods) or [""]:
+            for method in sorted(methods):
                 by_state.add_metric([state.value, method], counts.get((state.value, method), 0))
+            totals.add_metric([state.value], sum(n for (s, _), n in counts.items() if s == state.value))
         yield by_state
+        yield totals
 
         depth = GaugeMetricFamily(
             "blade_queue_depth", "Messages waiting in each broker queue", labels=["queue"]
@@ -467,7 +473,13 @@ class HttpMetrics:
 class ObservabilityMiddleware:
     """Pure ASGI (cheap on the hot path): latency and counts by route template, X-Request-ID, access log."""
 
-    def __init__(self, app: Any, metrics: HttpMetrics, *, skip_paths: tuple[str, ...] = ("/metrics",)):
+    def __init__(
+        self,
+        app: Any,
+        metrics: HttpMetrics,
+        *,
+        skip_paths: tuple[str, ...] = ("/metrics", "/healthz", "/readyz"),
+    ):
         self.app = app
         self.metrics = metrics
         self.skip_paths = skip_paths
@@ -504,13 +516,16 @@ class ObservabilityMiddleware:
             method = scope.get("method", "")
             self.metrics.requests.labels(method, template, str(status["code"])).inc()
             self.metrics.latency.labels(method, template).observe(elapsed)
-            if scope.get("path") not in self.skip_paths:
-                with bind(trace_id=trace_id):
+            path = scope.get("path") or ""
+            if path not in self.skip_paths and not path.startswith(SKIP_LOG_PREFIXES):
+                # A route about one unlearn request names it, so its lines join the worker's for that request.
+                request_id = (scope.get("path_params") or {}).get("request_id")
+                with bind(trace_id=trace_id, request_id=request_id):
                     log.info(
                         "http.request",
                         extra={
                             "method": method,
-                            "path": scope.get("path"),
+                            "path": path,
                             "route": template,
                             "status": status["code"],
                             "duration_ms": round(elapsed * 1000, 2),

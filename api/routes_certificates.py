@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.templating import Jinja2Templates
 from sqlalchemy.orm import Session
 
+from api.deps import ReadKey, SessionDep
 from persistence.certificates import CertificateError, CertificateNotFound, build_certificate
 from persistence.settings import Settings, get_settings
 
@@ -68,26 +69,16 @@ def _metric_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return metric_rows(evaluation.get("before"), evaluation.get("after"))
 
 
-def _install_api_route() -> None:
-    """The JSON API route, authenticated like every other route (Bearer key with `read`)."""
-    from api.deps import ReadKey, SessionDep  # the API's dependency aliases
-
-    @router.get("/unlearn-requests/{request_id}/certificate", summary="Signed deletion certificate")
-    def get_certificate(
-        request: Request,
-        request_id: str,
-        session: SessionDep,
-        key: ReadKey,
-        format: Literal["json", "html"] = "json",
-    ) -> Response:
-        return certificate_response(
-            request,
-            session,
-            request_id=request_id,
-            tenant_id=key.tenant_id,
-            settings=getattr(request.app.state, "settings", None) or get_settings(),
-            fmt=format,
-        )
-
-
-_install_api_route()
+@router.get("/unlearn-requests/{request_id}/certificate", summary="Signed deletion certificate")
+def get_certificate(
+    request: Request,
+    request_id: str,
+    session: SessionDep,
+    key: ReadKey,
+    format: Literal["json", "html"] = "json",
+) -> Response:
+    """The deletion certificate (JSON, or `?format=html` printable); 409 until the request succeeded."""
+    settings = getattr(request.app.state, "settings", None) or get_settings()
+    return certificate_response(
+        request, session, request_id=request_id, tenant_id=key.tenant_id, settings=settings, fmt=format
+    )

@@ -226,6 +226,12 @@ def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
         out[prefix] = value
 
 
+# Bookkeeping that rides along with the metrics (sample sizes, evaluation settings, timings): not shown.
+NOT_METRICS = frozenset(
+    {"settings", "n", "n_forget", "n_reference", "time_s", "seed", "max_rows", "thresholds"}
+)
+
+
 def metric_rows(before: dict | None, after: dict | None) -> list[dict[str, Any]]:
     """Before/after side by side: one row per numeric metric, dotted names for nested groups."""
     b: dict[str, Any] = {}
@@ -234,6 +240,8 @@ def metric_rows(before: dict | None, after: dict | None) -> list[dict[str, Any]]
     _flatten("", after or {}, a)
     rows = []
     for name in list(dict.fromkeys([*b, *a])):
+        if name.split(".")[0] in NOT_METRICS or name.split(".")[-1] in NOT_METRICS:
+            continue
         vb, va = b.get(name), a.get(name)
         if not any(isinstance(v, int | float) and not isinstance(v, bool) for v in (vb, va)):
             continue
@@ -322,20 +330,14 @@ def model_detail(session: Session, *, tenant_id: str, name: str) -> dict[str, An
     }
 
 
-HEADLINE_KEYS = ("Prob", "ROUGE", "ROUGE-L", "rouge_l", "MIA_AUC", "mia_auc", "MU", "forget_quality")
+HEADLINE = ("forget.Prob", "forget.ROUGE", "mia.auc", "retain.Prob", "retain.ROUGE")
 
 
-def headline_metrics(before: dict | None, after: dict | None, limit: int = 6) -> list[dict[str, Any]]:
-    """A few before → after pairs for the stack timeline (forget-side first)."""
+def headline_metrics(before: dict | None, after: dict | None, limit: int = 5) -> list[dict[str, Any]]:
+    """A few before -> after pairs for the stack timeline: forget side, MIA, retain side (else the first)."""
     rows = metric_rows(before, after)
-
-    def rank(row: dict[str, Any]) -> tuple[int, str]:
-        leaf = row["name"].split(".")[-1]
-        forget_first = 0 if row["name"].startswith("forget") else 1
-        known = 0 if any(leaf.lower() == k.lower() for k in HEADLINE_KEYS) else 1
-        return (known, forget_first, row["name"])  # type: ignore[return-value]
-
-    return sorted(rows, key=rank)[:limit]
+    known = sorted((r for r in rows if r["name"] in HEADLINE), key=lambda r: HEADLINE.index(r["name"]))
+    return (known or rows)[:limit]
 
 
 def audit_row(e: AuditEntry) -> dict[str, Any]:
