@@ -1,0 +1,75 @@
+"""Checkpoint/resume: a run killed mid-way and resumed from its checkpoint ends with the same adapter weights and
+the same history as an uninterrupted one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from blade_core.checkpoint import has_checkpoint
+from blade_core.methods.base import Hooks
+from blade_core.unlearn import run_unlearning
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# Past step 5 so the LR calibration and recovery are inside the resumed part.
+SETTINGS = {"eta_out": 3e-3, "eta_in": 0.05, "batch_size": 2, "max_length": 64, "checkpoint_every": 3}
+T = 8
+
+
+class Killed(Exception):
+    pass
+
+
+def _run(world, out_dir, hooks):
+    return run_unlearning(model=world.model, forget=world.forget, retain=world.retain, out_dir=out_dir,
+                          overrides=SETTINGS, max_steps=T, hooks=hooks)
+
+
+def _comparable(history):
+    return [{k: v for k, v in rec.items() if k != "dt"} for rec in history]
+
+
+def test_resume_equals_uninterrupted(engine_world, tmp_path):
+    full = _run(engine_world, tmp_path / "full", Hooks())
+
+    def crash_at_5(record):
+        if record["step"] == 5:
+            raise Killed  # like a SIGKILL after step 5: the last checkpoint is step 3's
+
+    ckpt = tmp_path / "ckpt"
+    with pytest.raises(Killed):
+        _run(engine_world, tmp_path / "resumed", Hooks(on_step=crash_at_5, checkpoint_dir=ckpt))
+    assert has_checkpoint(ckpt)
+
+    seen = []
+    resumed = _run(engine_world, tmp_path / "resumed", Hooks(on_step=lambda r: seen.append(r["step"]),
+                                                             checkpoint_dir=ckpt))
+    assert seen == [4, 5, 6, 7, 8]  # continued after step 3
+    assert resumed.status == full.status
+    got, want = _comparable(resumed.history), _comparable(full.history)
+    assert [r["step"] for r in got] == list(range(1, T + 1))
+    for a, b in zip(got, want, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            if isinstance(b[key], float):
+                assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), (a["step"], key)
+            else:
+                assert a[key] == b[key], (a["step"], key)
+    assert any(r["lr_scale"] for r in want)  # the calibration happened after the checkpoint
+    w_full = load_file(str(full.adapter_dir / "adapter_model.safetensors"))
+    w_res = load_file(str(resumed.adapter_dir / "adapter_model.safetensors"))
+    assert w_full.keys() == w_res.keys()
+    assert all(torch.allclose(w_full[k], w_res[k], rtol=1e-5, atol=1e-7) for k in w_full)
+
+
+def test_resume_refuses_a_checkpoint_of_another_config(engine_world, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    run_unlearning(model=engine_world.model, forget=engine_world.forget, retain=engine_world.retain,
+                   out_dir=tmp_path / "a", overrides=SETTINGS, max_steps=4, hooks=Hooks(checkpoint_dir=ckpt))
+    assert has_checkpoint(ckpt)
+    with pytest.raises(ValueError, match="another config"):
+        run_unlearning(model=engine_world.model, forget=engine_world.forget, retain=engine_world.retain,
+                       out_dir=tmp_path / "b", overrides={**SETTINGS, "tau": 0.5}, max_steps=4,
+                       hooks=Hooks(checkpoint_dir=ckpt))
