@@ -40,16 +40,21 @@ def shift_targets(labels: torch.Tensor) -> torch.Tensor:
 
 
 def _entropy_chunk(z: torch.Tensor, threshold: float, want_grad: bool = True):
-    """fp32 chunk (n, V) -> (loss (n,), dloss/dz (n, V) or None, entropy (n,)) of max(0, threshold - H(softmax z))."""
+    """fp32 chunk (n, V) -> (loss (n,), dloss/dz (n, V) or None, entropy (n,)) of max(0, threshold - H(softmax z)).
+
+    Two (n, V) buffers at most: log p, then p log p in place of it, then the gradient in place of that.
+    """
     logp = F.log_softmax(z.float(), dim=-1)  # (n, V)
     p = logp.exp()
-    entropy = -(p * logp).sum(-1)  # (n,)
+    plogp = logp.mul_(p)  # (n, V), reuses log p's buffer
+    entropy = -plogp.sum(-1)  # (n,)
+    loss = (threshold - entropy).clamp(min=0.0)
     if not want_grad:
-        return (threshold - entropy).clamp(min=0.0), None, entropy
+        return loss, None, entropy
     active = (entropy < threshold).float()  # the deadzone: no gradient once H >= threshold
-    # d/dz_j [threshold - H] = p_j (log p_j + H)
-    grad = p.mul_(logp.add_(entropy[:, None])).mul_(active[:, None])
-    return (threshold - entropy).clamp(min=0.0), grad, entropy
+    # d/dz_j [threshold - H] = p_j (log p_j + H) = p_j log p_j + p_j H
+    grad = plogp.addcmul_(p, entropy[:, None]).mul_(active[:, None])
+    return loss, grad, entropy
 
 
 def _cross_entropy_chunk(z: torch.Tensor, target: torch.Tensor, want_grad: bool = True):
@@ -62,7 +67,7 @@ def _cross_entropy_chunk(z: torch.Tensor, target: torch.Tensor, want_grad: bool 
         return loss * valid, None
     grad = logp.exp_()
     grad[torch.arange(len(safe), device=z.device), safe] -= 1.0
-    return loss * valid, grad * valid[:, None]
+    return loss * valid, grad.mul_(valid[:, None])
 
 
 class _ChunkedTokenLoss(torch.autograd.Function):
@@ -93,7 +98,7 @@ class _ChunkedTokenLoss(torch.autograd.Function):
                 _, g, _ = _entropy_chunk(logits2d[sl], ctx.param)
             else:
                 _, g = _cross_entropy_chunk(logits2d[sl], targets[sl])
-            grad[sl] = (g * (weights[sl] * grad_out)[:, None]).to(grad.dtype)
+            grad[sl] = g.mul_((weights[sl] * grad_out)[:, None])  # in place: no third (chunk, V) buffer
         return grad, None, None, None, None, None
 
 

@@ -73,3 +73,13 @@ def test_resume_refuses_a_checkpoint_of_another_config(engine_world, tmp_path):
         run_unlearning(model=engine_world.model, forget=engine_world.forget, retain=engine_world.retain,
                        out_dir=tmp_path / "b", overrides={**SETTINGS, "tau": 0.5}, max_steps=4,
                        hooks=Hooks(checkpoint_dir=ckpt))
+
+
+def test_resume_with_tuple_fields_in_the_config(engine_world, tmp_path):
+    ckpt, settings = tmp_path / "ckpt", {**SETTINGS, "lora_target_modules": "q_proj,v_proj"}
+    kwargs = {"model": engine_world.model, "forget": engine_world.forget, "retain": engine_world.retain,
+              "overrides": settings, "max_steps": 4}
+    run_unlearning(out_dir=tmp_path / "a", hooks=Hooks(checkpoint_dir=ckpt), **kwargs)
+    seen = []
+    out = run_unlearning(out_dir=tmp_path / "b", hooks=Hooks(checkpoint_dir=ckpt, on_step=seen.append), **kwargs)
+    assert [r["step"] for r in seen] == [4] and len(out.history) == 4

@@ -21,6 +21,7 @@ applied per micro-batch.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -230,10 +231,10 @@ def train(task: UnlearnTask, cfg: BladeConfig) -> RunResult:
                       monitor=ConvergenceMonitor(beta=cfg.ema_beta, patience=cfg.patience), history=[])
     ckpt_objects = {"model": model, "optimizers": {"inner": inner_opt, "outer": outer_opt},
                     "streams": {"forget": forget, "retain": retain}}
-    config_key = {k: v for k, v in asdict(cfg).items() if k != "checkpoint_every"}
+    config_key = json.loads(json.dumps({k: v for k, v in asdict(cfg).items() if k != "checkpoint_every"}))
     if has_checkpoint(hooks.checkpoint_dir):
         saved = load_checkpoint(hooks.checkpoint_dir, **ckpt_objects)
-        if saved.get("config") != json.loads(json.dumps(config_key)):
+        if saved.get("config") != config_key:
             raise ValueError(f"{hooks.checkpoint_dir}: the checkpoint was written by a run with another config")
         state.load(saved["loop"])
 
@@ -270,7 +271,7 @@ def train(task: UnlearnTask, cfg: BladeConfig) -> RunResult:
             hooks.on_step(record)
 
         final_ret = l_ret_after if l_ret_after is not None else out["L_ret"]
-        if final_ret > cfg.collapse_loss:  # (5) collapse guard
+        if not (final_ret <= cfg.collapse_loss and math.isfinite(out["L_fgt"])):  # (5) collapse guard (and NaN)
             status = "collapsed"
             message = (f"collapsed at step {t}: retain loss {final_ret:.3f} > {cfg.collapse_loss} "
                        f"(epsilon {state.epsilon:.3f}); lower eta_out or raise rho.")
