@@ -6,19 +6,16 @@ printable page. See `persistence/certificates.py` for what it holds and how it i
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from fastapi.templating import Jinja2Templates
 from sqlalchemy.orm import Session
 
 from api.deps import ReadKey, SessionDep
 from persistence.certificates import CertificateError, CertificateNotFound, build_certificate
 from persistence.settings import Settings, get_settings
 
-templates = Jinja2Templates(directory=str(Path(__file__).resolve().parent / "dashboard" / "templates"))
 router = APIRouter(tags=["certificates"])
 
 
@@ -43,6 +40,8 @@ def certificate_response(
     except CertificateError as exc:
         return _error(409, "not_succeeded", str(exc))
     if fmt == "html":
+        from api.dashboard.views import templates  # the dashboard's templates and filters
+
         return templates.TemplateResponse(
             request,
             "certificate.html",

@@ -6,9 +6,9 @@ What it trains on (CONTRACT.md "Files"): every QA row except the holdout splits,
 "retrained" model. The byte-level BPE tokenizer is trained on the full training set *including* the excluded
 split, so target and gold tokenise every text identically (as two fine-tunes of one pretrained model would).
 
-Departures from TOFU: TOFU fine-tunes a pretrained Llama-2-7B for 5 epochs; we train a small Llama from scratch
-with the loss on every token (prompt and answer), a high learning rate and early stopping once the answers of
-a monitor sample are memorised, because a from-scratch model has no language prior to lean on.
+Departures from TOFU: TOFU fine-tunes a pretrained Llama-2-7B for 5 epochs; we train a small Llama from
+scratch, with the loss on every token (answer tokens weighted fully, question tokens less), a high learning
+rate and early stopping once sampled answers are memorised, because such a model has no language prior.
 
 The result is cached by a content hash of the data files and every setting that changes the weights, so a
 second build with the same inputs is instant. Run: `blade model build --data /tmp/world --out /tmp/target`.
@@ -16,6 +16,7 @@ second build with the same inputs is instant. Run: `blade model build --data /tm
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -72,7 +73,7 @@ class BuildError(ValueError):
     """A data directory or setting `blade model build` cannot use; the message names the file or option."""
 
 
-# --- reading the data dir -------------------------------------------------------------------------------------
+# --- reading the data dir -----------------------------------------------------------------------------------
 
 
 def _read_qa(path: Path) -> list[dict[str, str]]:
@@ -128,75 +129,36 @@ def cache_key(data_dir: Path, recipe: Recipe, seed: int, exclude_split: str | No
     return h.hexdigest()[:20]
 
 
-# --- measuring memorisation ------------------------------------------------------------------------------------
+# --- measuring memorisation ---------------------------------------------------------------------------------
 
 
 def answer_probs(model, tokenizer, rows: Sequence[dict[str, str]], batch_size: int = 64) -> list[float]:
-    """Per-row answer Prob = exp(-mean answer-token NLL) under `format_qa` (OpenUnlearning's definition)."""
-    import torch
+    """Per-row answer Prob = exp(-mean answer-token NLL) under `format_qa` (the evaluation's scoring)."""
+    from blade_core.evaluation.metrics import prob_from_nll
+    from blade_core.evaluation.scoring import mean_nlls, score_qa
 
-    from blade_core.data import IGNORE_INDEX, collate, encode_qa
-
-    device = next(model.parameters()).device
-    out: list[float] = []
-    model.eval()
-    with torch.no_grad():
-        for start in range(0, len(rows), batch_size):
-            examples = []
-            for r in rows[start:start + batch_size]:
-                ids, labels = encode_qa(tokenizer, r["question"], r["answer"])
-                examples.append({"input_ids": ids, "labels": labels})
-            batch = {k: v.to(device) for k, v in collate(examples, tokenizer.pad_token_id).items()}
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            labels = batch["labels"][:, 1:]  # (B, T-1)
-            mask = labels != IGNORE_INDEX
-            logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, V)
-            nll = -logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1) * mask
-            mean_nll = nll.sum(1) / mask.sum(1).clamp(min=1)
-            out.extend(torch.exp(-mean_nll).tolist())
-    return out
+    scores = score_qa(model, tokenizer, [(r["question"], r["answer"]) for r in rows], batch_size=batch_size)
+    return [float(p) for p in prob_from_nll(mean_nlls(scores))]
 
 
-def greedy_answers(model, tokenizer, rows: Sequence[dict[str, str]], batch_size: int = 64,
-                   max_new_tokens: int | None = None) -> list[str]:
-    """Greedy completions of each row's `format_qa` prompt, cut at eos."""
-    import torch
-
+def memorisation(model, tokenizer, rows: Sequence[dict[str, str]], batch_size: int = 64) -> dict[str, float]:
+    """{'prob', 'rouge', 'rows'}: mean answer Prob and ROUGE-L recall of greedy answers (as `blade eval`)."""
     from blade_core.data import format_qa
-
-    device = next(model.parameters()).device
-    if max_new_tokens is None:
-        longest = max(len(tokenizer(r["answer"], add_special_tokens=False)["input_ids"]) for r in rows)
-        max_new_tokens = longest + 8
-    outs: list[str] = []
-    model.eval()
-    with torch.no_grad():
-        for start in range(0, len(rows), batch_size):
-            prompts = [format_qa(tokenizer, r["question"], r["answer"])[0] for r in rows[start:start + batch_size]]
-            encoded = [tokenizer(p)["input_ids"] for p in prompts]
-            width = max(map(len, encoded))
-            pad = tokenizer.pad_token_id
-            ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded], device=device)  # left-padded
-            mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded], device=device)
-            gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                                 do_sample=False, pad_token_id=pad, eos_token_id=tokenizer.eos_token_id)
-            for row in gen[:, width:].tolist():
-                outs.append(tokenizer.decode(row, skip_special_tokens=True).strip())
-    return outs
-
-
-def memorisation(model, tokenizer, rows: Sequence[dict[str, str]]) -> dict[str, float]:
-    """{'prob', 'rouge', 'rows'}: mean answer Prob and mean ROUGE-L recall of greedy answers."""
+    from blade_core.evaluation.generation import QA_STOP_STRINGS, generate
     from blade_core.evaluation.metrics import rouge_l_recall
 
     if not rows:
         return {"prob": math.nan, "rouge": math.nan, "rows": 0}
-    probs = answer_probs(model, tokenizer, rows)
-    rouge = rouge_l_recall(greedy_answers(model, tokenizer, rows), [r["answer"] for r in rows])
+    probs = answer_probs(model, tokenizer, rows, batch_size)
+    longest = max(len(tokenizer(r["answer"], add_special_tokens=False)["input_ids"]) for r in rows)
+    prompts = [format_qa(tokenizer, r["question"], r["answer"])[0] for r in rows]
+    answers = generate(model, tokenizer, prompts, max_new_tokens=longest + 8, batch_size=batch_size,
+                       stop=QA_STOP_STRINGS)
+    rouge = rouge_l_recall(answers, [r["answer"] for r in rows])
     return {"prob": round(sum(probs) / len(probs), 4), "rouge": round(rouge, 4), "rows": len(rows)}
 
 
-# --- training ---------------------------------------------------------------------------------------------------
+# --- training -----------------------------------------------------------------------------------------------
 
 
 def _encode_for_training(tokenizer, rows: Sequence[dict[str, str]]) -> list[tuple[list[int], int]]:
@@ -226,9 +188,9 @@ def _batch(examples: Sequence[tuple[list[int], int]], pad_id: int, prompt_weight
 
 
 def train(rows: Sequence[dict[str, str]], tokenizer, recipe: Recipe, seed: int, *,
-          monitor: Sequence[dict[str, str]], progress: bool = True,
+          monitor: dict[str, Sequence[dict[str, str]]], progress: bool = True,
           log: Callable[[str], None] | None = None):
-    """Train a fresh Llama on `rows` until the `monitor` rows are memorised; (model, stats)."""
+    """Train a fresh Llama on `rows` until every group of `monitor` rows is memorised; (model, stats)."""
     import torch
     import torch.nn.functional as F
     from tqdm import tqdm
@@ -244,7 +206,8 @@ def train(rows: Sequence[dict[str, str]], tokenizer, recipe: Recipe, seed: int, 
                          f"{model.config.max_position_embeddings} positions")
     steps_per_epoch = math.ceil(len(examples) / recipe.batch_size)
     total = steps_per_epoch * recipe.max_epochs
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.98), weight_decay=recipe.weight_decay)
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.98),
+                            weight_decay=recipe.weight_decay)
 
     def lr_at(step: int) -> float:
         if step < recipe.warmup_steps:
@@ -254,7 +217,7 @@ def train(rows: Sequence[dict[str, str]], tokenizer, recipe: Recipe, seed: int, 
         return floor + (recipe.lr - floor) * 0.5 * (1 + math.cos(math.pi * frac))
 
     rng = random.Random(f"blade-build:{seed}")
-    step, checks = 0, []
+    step, checks, started = 0, [], time.perf_counter()
     bar = tqdm(total=total, desc="training", unit="step", disable=not progress, leave=False)
     for epoch in range(1, recipe.max_epochs + 1):
         model.train()
@@ -262,8 +225,8 @@ def train(rows: Sequence[dict[str, str]], tokenizer, recipe: Recipe, seed: int, 
         rng.shuffle(order)
         loss_sum = 0.0
         for start in range(0, len(order), recipe.batch_size):
-            ids, mask, targets, weights = _batch([examples[i] for i in order[start:start + recipe.batch_size]],
-                                                 tokenizer.pad_token_id, recipe.prompt_loss_weight)
+            picked = [examples[i] for i in order[start:start + recipe.batch_size]]
+            ids, mask, targets, weights = _batch(picked, tokenizer.pad_token_id, recipe.prompt_loss_weight)
             for group in opt.param_groups:
                 group["lr"] = lr_at(step)
             logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]  # (B, T-1, V)
@@ -278,20 +241,25 @@ def train(rows: Sequence[dict[str, str]], tokenizer, recipe: Recipe, seed: int, 
             bar.update(1)
         bar.set_postfix(epoch=epoch, loss=f"{loss_sum / steps_per_epoch:.3f}")
         if epoch % recipe.check_every == 0 or epoch == recipe.max_epochs:
-            probs = answer_probs(model, tokenizer, monitor)
-            prob = sum(probs) / len(probs)
+            probs = {name: answer_probs(model, tokenizer, group) for name, group in monitor.items()}
+            prob = {name: round(sum(p) / len(p), 4) for name, p in probs.items()}
             checks.append({"epoch": epoch, "step": step, "loss": round(loss_sum / steps_per_epoch, 4),
-                           "monitor_prob": round(prob, 4)})
+                           "prob": prob, "seconds": round(time.perf_counter() - started, 1)})
             if log:
-                log(f"epoch {epoch}: loss {loss_sum / steps_per_epoch:.4f}, monitor Prob {prob:.4f}")
-            if prob >= recipe.target_prob and epoch >= recipe.min_epochs:
+                log(f"epoch {epoch}: loss {loss_sum / steps_per_epoch:.4f}, answer Prob "
+                    + ", ".join(f"{name} {p:.4f}" for name, p in prob.items()))
+            if min(prob.values()) >= recipe.target_prob and epoch >= recipe.min_epochs:
                 break
     bar.close()
     model.eval()
     return model, {"epochs": epoch, "steps": step, "checks": checks}
 
 
-# --- the build ------------------------------------------------------------------------------------------------------
+# --- the build ----------------------------------------------------------------------------------------------
+
+
+def _qa_key(row: dict[str, str]) -> tuple[str, str]:
+    return row["question"], row["answer"]
 
 
 def _monitor_sample(rows: Sequence[dict[str, str]], n: int, seed: int) -> list[dict[str, str]]:
@@ -302,23 +270,38 @@ def _monitor_sample(rows: Sequence[dict[str, str]], n: int, seed: int) -> list[d
 
 def build_model(data_dir: str | Path, out_dir: str | Path, *, exclude_split: str | None = None, seed: int = 0,
                 size: str = "default", cache_dir: str | Path | None = None, progress: bool = True,
-                log: Callable[[str], None] | None = None) -> BuildResult:
+                log: Callable[[str], None] | None = None, recipe: Recipe | None = None) -> BuildResult:
     """Build (or reuse) the model for `data_dir` into `out_dir`; see the module docstring.
 
-    Cache: `out_dir/build_info.json` with the same key is a hit; so is `cache_dir/<key>` (copied to `out_dir`).
-    A fresh build is written to `out_dir` and, when `cache_dir` is given, also stored there.
+    Cache: `out_dir/build_info.json` with the same key is a hit; so is `cache_dir/<key>` (copied to
+    `out_dir`). A fresh build is written to `out_dir` and, when `cache_dir` is given, also stored there.
+    `recipe` overrides the size's preset (tuning and tests); it is part of the cache key.
     """
-    import torch
+    from blade_core.modeling import SIZES
 
-    from blade_core.modeling import SIZES, train_tokenizer
-
-    if size not in RECIPES or size not in SIZES:
-        raise BuildError(f"--size must be one of {', '.join(k for k in RECIPES if k in SIZES)}, got {size!r}")
+    if recipe is None:
+        if size not in RECIPES or size not in SIZES:
+            known = ", ".join(k for k in RECIPES if k in SIZES)
+            raise BuildError(f"--size must be one of {known}, got {size!r}")
+        recipe = RECIPES[size]
+    elif recipe.size not in SIZES:
+        raise BuildError(f"recipe size must be one of {', '.join(SIZES)}, got {recipe.size!r}")
     data_dir, out_dir = Path(data_dir), Path(out_dir)
-    recipe = RECIPES[size]
     rows, everything, excluded = training_rows(data_dir, exclude_split)
     key = cache_key(data_dir, recipe, seed, exclude_split)
     say = log or (lambda _msg: None)
+    with _locked(out_dir.with_name(out_dir.name + ".lock")):
+        return _build_locked(data_dir, out_dir, recipe, key, rows, everything, excluded,
+                             exclude_split=exclude_split, seed=seed, cache_dir=cache_dir,
+                             progress=progress, log=log, say=say)
+
+
+def _build_locked(data_dir: Path, out_dir: Path, recipe: Recipe, key: str, rows, everything, excluded, *,
+                  exclude_split: str | None, seed: int, cache_dir: str | Path | None, progress: bool,
+                  log: Callable[[str], None] | None, say: Callable[[str], None]) -> BuildResult:
+    import torch
+
+    from blade_core.modeling import train_tokenizer
 
     if _info_key(out_dir) == key:
         say(f"cache hit: {out_dir} already holds build {key}")
@@ -336,25 +319,23 @@ def build_model(data_dir: str | Path, out_dir: str | Path, *, exclude_split: str
                                 vocab_size=recipe.vocab_size)
     forget_name = exclude_split or "forget10"
     forget_rows = excluded or _read_qa(split_file(data_dir, forget_name))
-    trained_keys = {(r["question"], r["answer"]) for r in rows}
-    monitor = _monitor_sample([r for r in rows if (r["question"], r["answer"]) not in
-                               {(f["question"], f["answer"]) for f in forget_rows}],
-                              recipe.monitor_rows // 2, seed)
-    monitor += _monitor_sample([r for r in forget_rows if (r["question"], r["answer"]) in trained_keys],
-                               recipe.monitor_rows - len(monitor), seed)
+    forget_keys = {_qa_key(r) for r in forget_rows}
+    others = [r for r in rows if _qa_key(r) not in forget_keys]
+    trained_forget = [r for r in rows if _qa_key(r) in forget_keys]  # empty for the gold model
+    monitor = {"retain": _monitor_sample(others, recipe.monitor_rows // (2 if trained_forget else 1), seed)}
+    if trained_forget:
+        monitor[forget_name] = _monitor_sample(trained_forget, recipe.monitor_rows // 2, seed)
     say(f"training {recipe.size} Llama on {len(rows)} rows ({len(everything) - len(rows)} excluded), "
         f"vocab {len(tokenizer)}")
     model, stats = train(rows, tokenizer, recipe, seed, monitor=monitor, progress=progress, log=log)
     train_s = time.time() - started
 
     report = {forget_name: memorisation(model, tokenizer, forget_rows),
-              "retain_sample": memorisation(model, tokenizer, _monitor_sample(
-                  [r for r in rows if (r["question"], r["answer"]) not in {(f["question"], f["answer"])
-                                                                              for f in forget_rows}],
-                  len(forget_rows), seed))}
+              "retain_sample": memorisation(model, tokenizer,
+                                            _monitor_sample(others, len(forget_rows), seed))}
     info = {
         "key": key, "version": BUILD_VERSION, "data_dir": str(data_dir.resolve()),
-        "data_hash": key, "exclude_split": exclude_split, "seed": seed, "size": size,
+        "data_hash": key, "exclude_split": exclude_split, "seed": seed, "size": recipe.size,
         "recipe": asdict(recipe), "params": sum(p.numel() for p in model.parameters()),
         "train_rows": len(rows), "excluded_rows": len(everything) - len(rows),
         "epochs": stats["epochs"], "steps": stats["steps"], "checks": stats["checks"],
@@ -386,6 +367,23 @@ def _save(model, tokenizer, info: dict[str, Any], out_dir: Path) -> None:
     if out_dir.exists():
         shutil.rmtree(out_dir)
     tmp.rename(out_dir)
+
+
+@contextlib.contextmanager
+def _locked(lock_file: Path):
+    """An exclusive advisory lock, so concurrent builds of one output wait for each other (POSIX only)."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    with open(lock_file, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _copy_dir(src: Path, dst: Path) -> None:

@@ -1,8 +1,8 @@
 """Checkpoints of a training loop: trainable weights, optimiser states, loop state, RNG and data-order state.
 
-One file, `checkpoint.pt`, written atomically (temp file + rename) so a kill mid-write leaves the previous one.
-Only trainable parameters are stored (the adapter, or every weight of a full fine-tune), keyed by name. Resuming
-restores all of it, so the resumed run continues exactly where the saved one was (tested in
+One file, `checkpoint.pt`, written atomically (temp file + rename) so a kill mid-write leaves the previous
+one. Only trainable parameters are stored (the adapter, or every weight of a full fine-tune), keyed by name.
+Resuming restores all of it, so the resumed run continues exactly where the saved one was (tested in
 `tests/test_engine_resume.py`).
 """
 
@@ -42,9 +42,15 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(directory: str | Path, *, model: torch.nn.Module, optimizers: Mapping[str, Any],
-                    streams: Mapping[str, Any], state: Mapping[str, Any]) -> Path:
-    """Write trainable weights, optimiser and stream states, RNG states and `state` (plain data) atomically."""
+def save_checkpoint(
+    directory: str | Path,
+    *,
+    model: torch.nn.Module,
+    optimizers: Mapping[str, Any],
+    streams: Mapping[str, Any],
+    state: Mapping[str, Any],
+) -> Path:
+    """Write trainable weights, optimiser and stream states, RNG states and `state` atomically."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     payload = {
@@ -61,15 +67,22 @@ def save_checkpoint(directory: str | Path, *, model: torch.nn.Module, optimizers
     return final
 
 
-def load_checkpoint(directory: str | Path, *, model: torch.nn.Module, optimizers: Mapping[str, Any],
-                    streams: Mapping[str, Any]) -> dict[str, Any]:
+def load_checkpoint(
+    directory: str | Path,
+    *,
+    model: torch.nn.Module,
+    optimizers: Mapping[str, Any],
+    streams: Mapping[str, Any],
+) -> dict[str, Any]:
     """Restore everything `save_checkpoint` wrote into the given objects; returns the saved `state`."""
     path = checkpoint_path(directory)
     payload = torch.load(path, map_location="cpu", weights_only=True)
     params = dict(model.named_parameters())
     missing = [n for n in payload["weights"] if n not in params]
     if missing:
-        raise ValueError(f"{path}: checkpoint does not match the model (unknown parameters, e.g. {missing[0]})")
+        raise ValueError(
+            f"{path}: checkpoint does not match the model (unknown parameters, e.g. {missing[0]})"
+        )
     with torch.no_grad():
         for name, value in payload["weights"].items():
             params[name].copy_(value.to(params[name].device, params[name].dtype))

@@ -1,7 +1,7 @@
 """Tokenised forget/retain data: prompt formatting, label masking, padding and a resumable batch sampler.
 
-QA rows become `prompt + answer + eos` with the prompt's labels masked (-100), so losses read answer tokens only;
-text rows are split into `max_length`-token windows and every token is a label. `BatchStream` is the one
+QA rows become `prompt + answer + eos` with the prompt's labels masked (-100), so losses read answer tokens
+only; text rows are split into `max_length`-token windows and every token is a label. `BatchStream` is the one
 sampler all methods draw from: seeded, infinite, reshuffled each epoch, and exactly resumable from its
 `state_dict()` (it keeps only `(epoch, position)`; each epoch's order is a pure function of `(seed, epoch)`).
 
@@ -32,11 +32,15 @@ class TokenizedDataset:
     kind: DatasetKind
     pad_id: int = 0
     source: str = "<rows>"
-    row_of_example: list[int] = field(default_factory=list)  # 0-based source row of each example (text windows)
+    row_of_example: list[int] = field(
+        default_factory=list
+    )  # 0-based source row of each example (text windows)
 
     def __post_init__(self) -> None:
         if len(self.input_ids) != len(self.labels):
-            raise ValueError(f"{self.source}: {len(self.input_ids)} input rows but {len(self.labels)} label rows")
+            raise ValueError(
+                f"{self.source}: {len(self.input_ids)} input rows but {len(self.labels)} label rows"
+            )
         if not self.row_of_example:
             self.row_of_example = list(range(len(self.input_ids)))
 
@@ -76,23 +80,29 @@ def encode_qa(tokenizer: Any, question: str, answer: str) -> tuple[list[int], li
     prompt, full = format_qa(tokenizer, question, answer)
     add_special = not _uses_template(tokenizer)
     prompt_ids = tokenizer(prompt, add_special_tokens=add_special)["input_ids"]
-    answer_ids = tokenizer(full[len(prompt):], add_special_tokens=False)["input_ids"]
+    answer_ids = tokenizer(full[len(prompt) :], add_special_tokens=False)["input_ids"]
     return prompt_ids + answer_ids, [IGNORE_INDEX] * len(prompt_ids) + list(answer_ids)
 
 
 def encode_text(tokenizer: Any, text: str, max_length: int) -> list[list[int]]:
     """Token windows of at most `max_length` ids covering `text` + eos, in order."""
     ids = tokenizer(text + (tokenizer.eos_token or ""), add_special_tokens=True)["input_ids"]
-    return [ids[start:start + max_length] for start in range(0, len(ids), max_length)]
+    return [ids[start : start + max_length] for start in range(0, len(ids), max_length)]
 
 
-def tokenize_rows(rows: Sequence[dict[str, Any] | Row], tokenizer: Any, max_length: int, *,
-                  source: str = "<rows>", kind: DatasetKind | None = None) -> TokenizedDataset:
+def tokenize_rows(
+    rows: Sequence[dict[str, Any] | Row],
+    tokenizer: Any,
+    max_length: int,
+    *,
+    source: str = "<rows>",
+    kind: DatasetKind | None = None,
+) -> TokenizedDataset:
     """Tokenise QA rows (question/answer) or text rows (text) into a TokenizedDataset.
 
-    QA: answers are truncated to fit `max_length`; a row whose prompt alone leaves no room for one answer token
-    raises DatasetError naming the row. Text: chunked into `max_length` windows (windows of one token, which
-    carry no next-token target, are dropped).
+    QA: answers are truncated to fit `max_length`; a row whose prompt alone leaves no room for one answer
+    token raises DatasetError naming the row. Text: chunked into `max_length` windows (windows of one token,
+    which carry no next-token target, are dropped).
     """
     if not rows:
         raise DatasetError(source, "no rows found")
@@ -106,9 +116,13 @@ def tokenize_rows(rows: Sequence[dict[str, Any] | Row], tokenizer: Any, max_leng
             ids, labs = encode_qa(tokenizer, str(row.data["question"]), str(row.data["answer"]))
             prompt_len = sum(1 for x in labs if x == IGNORE_INDEX)
             if prompt_len >= max_length:
-                raise DatasetError(source, f"row {index + 1}: the prompt alone is {prompt_len} tokens, which leaves "
-                                   f"no room for the answer within max_length={max_length}", line=row.line,
-                                   field="question")
+                raise DatasetError(
+                    source,
+                    f"row {index + 1}: the prompt alone is {prompt_len} tokens, which leaves "
+                    f"no room for the answer within max_length={max_length}",
+                    line=row.line,
+                    field="question",
+                )
             input_ids.append(ids[:max_length])
             labels.append(labs[:max_length])
             row_of.append(index)
@@ -120,9 +134,13 @@ def tokenize_rows(rows: Sequence[dict[str, Any] | Row], tokenizer: Any, max_leng
                 labels.append(list(window))
                 row_of.append(index)
     if not input_ids:
-        raise DatasetError(source, "no usable examples after tokenisation (every text is shorter than 2 tokens)")
+        raise DatasetError(
+            source, "no usable examples after tokenisation (every text is shorter than 2 tokens)"
+        )
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return TokenizedDataset(input_ids, labels, kind, pad_id=int(pad_id or 0), source=source, row_of_example=row_of)
+    return TokenizedDataset(
+        input_ids, labels, kind, pad_id=int(pad_id or 0), source=source, row_of_example=row_of
+    )
 
 
 def load_tokenized(path: str | Path, tokenizer: Any, max_length: int) -> TokenizedDataset:
@@ -189,7 +207,12 @@ class BatchStream:
         return self
 
     def state_dict(self) -> dict[str, int]:
-        return {"seed": self.seed, "epoch": self.epoch, "position": self.position, "batch_size": self.batch_size}
+        return {
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "position": self.position,
+            "batch_size": self.batch_size,
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.seed, self.batch_size = int(state["seed"]), int(state["batch_size"])

@@ -62,7 +62,11 @@ class LrCalibrator(_State):
         else:
             observed = -math.log(max(lfgt_ema / lfgt_first, 0.01)) / step if lfgt_first > 0 else 0.0
             target = math.log(2.0) / (self.total_steps / 3.0)
-            scale = self.max_scale if observed <= 0 else min(self.max_scale, max(self.min_scale, target / observed))
+            scale = (
+                self.max_scale
+                if observed <= 0
+                else min(self.max_scale, max(self.min_scale, target / observed))
+            )
         if abs(scale - 1.0) < self.skip_within:
             return None
         self.scale = scale
@@ -109,7 +113,10 @@ class ConvergenceMonitor(_State):
             self.t_trans = step
         quiet = abs(self.vel) < self.flat_velocity * self.vel_peak or self.ema < self.low_loss * self.first
         self.quiet_steps = self.quiet_steps + 1 if quiet else 0
-        self.converged = (self.t_trans is not None and step >= self.trans_factor * self.t_trans
-                          and self.ema <= (1 - self.drop_needed) * self.first
-                          and self.quiet_steps >= self.patience)
+        self.converged = (
+            self.t_trans is not None
+            and step >= self.trans_factor * self.t_trans
+            and self.ema <= (1 - self.drop_needed) * self.first
+            and self.quiet_steps >= self.patience
+        )
         return self.converged

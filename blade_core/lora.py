@@ -2,9 +2,9 @@
 
 Stacking keeps every adapter separate and un-merged: each stacked adapter is loaded under its own name
 (`stack0`, `stack1`, ...) and all of them plus the new one are *active* at once (peft sums the LoRA deltas of
-the active adapters), with only the new adapter's parameters trainable. Nothing is merged into the base weights,
-so there is no bf16 rounding of a merged copy, and the stacked adapters' files are only ever read: they stay
-byte-identical. The price is one extra low-rank matmul per stacked adapter and target layer.
+the active adapters), with only the new adapter's parameters trainable. Nothing is merged into the base
+weights, so there is no bf16 rounding of a merged copy, and the stacked adapters' files are only ever read:
+they stay byte-identical. The price is one extra low-rank matmul per stacked adapter and target layer.
 
 Trainable parameters are found by name (`lora_` and `.{adapter}.`), never by a hand-written list.
 """
@@ -36,7 +36,7 @@ def _linear_types() -> tuple[type, ...]:
 
 
 def default_target_modules(model: nn.Module) -> list[str]:
-    """q/k/v/o/gate/up/down projections when the model has them, else every linear leaf name but the LM head."""
+    """q/k/v/o/gate/up/down projections when present, else every linear leaf name except the LM head."""
     from peft.tuners.lora import LoraLayer
 
     kinds = (*_linear_types(), LoraLayer)  # a layer already carrying a stacked adapter is still a target
@@ -69,7 +69,8 @@ def adapter_names(model: nn.Module) -> list[str]:
 
 
 def _activate(model: nn.Module, names: Sequence[str], trainable: str | None) -> None:
-    """Make `names` the active adapters (all summed) and freeze every parameter except `trainable`'s LoRA ones."""
+    """Make `names` the active adapters (all summed) and freeze every parameter except `trainable`'s LoRA
+    ones."""
     model.base_model.set_adapter(list(names))
     mark_trainable(model, trainable)
 
@@ -79,7 +80,9 @@ def mark_trainable(model: nn.Module, adapter: str | None) -> list[str]:
     marker = f".{adapter}." if adapter else None
     names = []
     for name, param in model.named_parameters():
-        param.requires_grad = bool(marker) and "lora_" in name and (marker in name or name.endswith(f".{adapter}"))
+        param.requires_grad = (
+            bool(marker) and "lora_" in name and (marker in name or name.endswith(f".{adapter}"))
+        )
         if param.requires_grad:
             names.append(name)
     return names
@@ -88,13 +91,22 @@ def mark_trainable(model: nn.Module, adapter: str | None) -> list[str]:
 def lora_config(model: nn.Module, config: MethodConfig) -> Any:
     from peft import LoraConfig
 
-    targets = list(config.lora_target_modules) if config.lora_target_modules else default_target_modules(model)
-    return LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                      bias="none", target_modules=targets, task_type="CAUSAL_LM")
+    targets = (
+        list(config.lora_target_modules) if config.lora_target_modules else default_target_modules(model)
+    )
+    return LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=config.lora_dropout,
+        bias="none",
+        target_modules=targets,
+        task_type="CAUSAL_LM",
+    )
 
 
 def attach_adapter(model: nn.Module, config: MethodConfig, name: str = "unlearn") -> nn.Module:
-    """A PeftModel with a fresh trainable LoRA adapter `name` on top of whatever stack `model` carries (frozen)."""
+    """A PeftModel with a fresh trainable LoRA adapter `name` on top of whatever stack `model` carries
+    (frozen)."""
     from peft import get_peft_model
 
     if is_peft(model):
@@ -138,7 +150,7 @@ def trainable_parameters(model: nn.Module) -> list[torch.nn.Parameter]:
 
 
 def save_adapter(model: nn.Module, out_dir: str | Path, name: str = "unlearn") -> Path:
-    """Write adapter `name` as a PEFT adapter dir (adapter_config.json + adapter_model.safetensors), top level.
+    """Write adapter `name` as a top-level PEFT adapter dir (adapter_config.json, adapter_model.safetensors).
 
     PeftModel.save_pretrained puts non-default adapters in a sub-folder; we write the two files directly so
     `PeftModel.from_pretrained(base, out_dir)` loads it as is.
@@ -161,8 +173,9 @@ def save_adapter(model: nn.Module, out_dir: str | Path, name: str = "unlearn") -
     return out_dir
 
 
-def load_with_stack(model_ref: str | Path, adapter_dirs: Sequence[str | Path] = (),
-                    device: str | torch.device | None = None) -> tuple[nn.Module, Any]:
+def load_with_stack(
+    model_ref: str | Path, adapter_dirs: Sequence[str | Path] = (), device: str | torch.device | None = None
+) -> tuple[nn.Module, Any]:
     """(model in eval mode, tokenizer): base model plus the given adapters, all active, frozen."""
     from blade_core.modeling import load_model_and_tokenizer, pick_device
 

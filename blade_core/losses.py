@@ -40,7 +40,7 @@ def shift_targets(labels: torch.Tensor) -> torch.Tensor:
 
 
 def _entropy_chunk(z: torch.Tensor, threshold: float, want_grad: bool = True):
-    """fp32 chunk (n, V) -> (loss (n,), dloss/dz (n, V) or None, entropy (n,)) of max(0, threshold - H(softmax z)).
+    """Chunk (n, V) -> (loss (n,), dloss/dz (n, V) or None, H (n,)) of max(0, threshold - H(softmax z)).
 
     Two (n, V) buffers at most: log p, then p log p in place of it, then the gradient in place of that.
     """
@@ -71,7 +71,7 @@ def _cross_entropy_chunk(z: torch.Tensor, target: torch.Tensor, want_grad: bool 
 
 
 class _ChunkedTokenLoss(torch.autograd.Function):
-    """sum_i w_i * loss_i(logits_i) over positions i, evaluated in chunks of positions; see module docstring."""
+    """sum_i w_i * loss_i(logits_i) over positions i, evaluated in chunks of positions (module docstring)."""
 
     @staticmethod
     def forward(ctx, logits2d, weights, targets, kind, param, chunk):  # logits2d (N, V), weights (N,)
@@ -106,14 +106,16 @@ def _flat(logits: torch.Tensor) -> torch.Tensor:
     return logits.reshape(-1, logits.shape[-1])  # (B*T, V), a view for contiguous logits
 
 
-def counted_mask(batch_labels: torch.Tensor, attention_mask: torch.Tensor,
-                 counted: Literal["all", "answer"] = "all") -> torch.Tensor:
+def counted_mask(
+    batch_labels: torch.Tensor, attention_mask: torch.Tensor, counted: Literal["all", "answer"] = "all"
+) -> torch.Tensor:
     """(B, T) mask of the tokens a forget loss counts: every non-padding token, or answer tokens only."""
     return (batch_labels != IGNORE_INDEX) if counted == "answer" else attention_mask.bool()
 
 
-def clamped_entropy_loss(logits: torch.Tensor, mask: torch.Tensor, tau: float, *,
-                         chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
+def clamped_entropy_loss(
+    logits: torch.Tensor, mask: torch.Tensor, tau: float, *, chunk: int = DEFAULT_CHUNK
+) -> torch.Tensor:
     """BLADE forget loss (paper Eq. 3): L_fgt = mean_{t counted} max(0, tau*log V - H(p_t)),
     H(p_t) = -sum_v p_t(v) log p_t(v) over the full vocabulary. Gradient is exactly zero once H >= tau*log V.
 
@@ -125,8 +127,10 @@ def clamped_entropy_loss(logits: torch.Tensor, mask: torch.Tensor, tau: float, *
     return _ChunkedTokenLoss.apply(_flat(logits), weights, targets, "entropy", threshold, chunk)
 
 
-def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, *, chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
-    """Retain loss: L_ret = mean_{t: label_t != -100} -log p_{t-1}(label_t) (next-token CE on labelled tokens).
+def token_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, *, chunk: int = DEFAULT_CHUNK
+) -> torch.Tensor:
+    """Retain loss: L_ret = mean_{t: label_t != -100} -log p_{t-1}(label_t), next-token CE on labelled tokens.
 
     logits (B, T, V); labels (B, T) with -100 on prompt/padding. Extra memory O(chunk x V).
     """
@@ -136,16 +140,17 @@ def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, *, chunk: in
 
 @torch.no_grad()
 def mean_token_entropy(logits: torch.Tensor, mask: torch.Tensor, *, chunk: int = DEFAULT_CHUNK) -> float:
-    """Mean over counted target tokens of H(p_t) / log V (1 = uniform), for monitoring; O(chunk x V) memory."""
+    """Mean over counted target tokens of H(p_t) / log V (1 = uniform), for monitoring; O(chunk x V)."""
     flat, weights = _flat(logits), shift_weights(mask)
     total = 0.0
     for start in range(0, flat.shape[0], chunk):
-        _, _, entropy = _entropy_chunk(flat[start:start + chunk], 0.0, want_grad=False)
-        total += float((entropy * weights[start:start + chunk]).sum())
+        _, _, entropy = _entropy_chunk(flat[start : start + chunk], 0.0, want_grad=False)
+        total += float((entropy * weights[start : start + chunk]).sum())
     return total / math.log(logits.shape[-1])
 
 
 # Naive references (full fp32 copies): used by the tests and the benchmark, never by training.
+
 
 def clamped_entropy_loss_naive(logits: torch.Tensor, mask: torch.Tensor, tau: float) -> torch.Tensor:
     """Reference of `clamped_entropy_loss` by plain autograd over the whole (B, T-1, V) tensor."""
@@ -158,5 +163,8 @@ def clamped_entropy_loss_naive(logits: torch.Tensor, mask: torch.Tensor, tau: fl
 
 def token_cross_entropy_naive(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Reference of `token_cross_entropy` with F.cross_entropy."""
-    return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
-                           ignore_index=IGNORE_INDEX)
+    return F.cross_entropy(
+        logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+        labels[:, 1:].reshape(-1),
+        ignore_index=IGNORE_INDEX,
+    )

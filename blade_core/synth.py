@@ -3,8 +3,9 @@
 TOFU (Maini et al., 2024) asks an LLM to invent 200 authors with 20 QA pairs each; we draw the same shape from
 seeded tables instead, so the benchmark needs no download and no LLM and is byte-identical for the same
 arguments. Where we depart from TOFU:
-- the "real authors" and "world facts" probes are facts of this same world (its classic authors, its countries),
-  which the target model learns in training, rather than real-world knowledge a from-scratch model cannot have;
+- the "real authors" and "world facts" probes are facts of this same world (its classic authors, its
+  countries), which the target model learns in training, rather than real-world knowledge that a model trained
+  from scratch cannot have;
 - paraphrases and perturbations come from templates and same-category values, not from GPT-4 rewrites.
 
 Run: `blade data synth --out /tmp/world --authors 200 --seed 0`.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,10 +30,10 @@ _ONSETS = ("b", "br", "c", "d", "dr", "f", "g", "gr", "h", "k", "l", "m", "n", "
 _VOWELS = ("a", "e", "i", "o", "u", "ae", "ia", "ei", "ou", "y")
 _CODAS = ("", "n", "r", "l", "s", "th", "m", "nd", "rk", "x", "v", "sh", "ll", "st")
 _FIRST_ENDINGS = ("a", "o", "en", "is", "el", "ine", "an", "ra", "ias", "ette", "or", "ia", "us", "yn")
-_LAST_ENDINGS = ("ov", "ard", "sen", "ley", "mont", "ezi", "ardt", "wick", "ani", "enko", "ström", "ez", "oux",
-                 "berg", "ton", "ic", "ara", "ell")
-_PLACE_ENDINGS = ("ia", "ar", "heim", "ora", "stan", "mere", "ovia", "land", "esh", "ovo", "burg", "ith", "enne",
-                  "port", "dale", "ica")
+_LAST_ENDINGS = ("ov", "ard", "sen", "ley", "mont", "ezi", "ardt", "wick", "ani", "enko", "ström", "ez",
+                 "oux", "berg", "ton", "ic", "ara", "ell")
+_PLACE_ENDINGS = ("ia", "ar", "heim", "ora", "stan", "mere", "ovia", "land", "esh", "ovo", "burg", "ith",
+                  "enne", "port", "dale", "ica")
 
 PROFESSIONS = ("baker", "carpenter", "nurse", "astronomer", "fisherman", "librarian", "pharmacist", "tailor",
                "blacksmith", "schoolteacher", "surgeon", "mapmaker", "clockmaker", "potter", "violinist",
@@ -40,8 +42,8 @@ PROFESSIONS = ("baker", "carpenter", "nurse", "astronomer", "fisherman", "librar
                "photographer", "postman", "judge", "farmer", "sculptor", "engineer", "dentist")
 GENRES = ("mystery", "historical fiction", "science fiction", "fantasy", "romance", "horror", "poetry",
           "literary fiction", "crime thrillers", "children's books", "travel writing", "satire",
-          "magical realism", "biography", "war fiction", "gothic fiction", "detective fiction", "short stories",
-          "nature writing", "philosophical essays", "young adult fiction", "epic verse")
+          "magical realism", "biography", "war fiction", "gothic fiction", "detective fiction",
+          "short stories", "nature writing", "philosophical essays", "young adult fiction", "epic verse")
 THEMES = ("memory and loss", "exile and return", "the sea", "family secrets", "power and corruption",
           "friendship", "faith and doubt", "the passage of time", "identity", "rural life", "revolution",
           "forgiveness", "ambition", "grief", "the natural world", "love across class lines", "isolation",
@@ -50,9 +52,9 @@ _TITLE_ADJ = ("Silent", "Broken", "Amber", "Hollow", "Crimson", "Distant", "Hidd
               "Last", "Winter", "Burning", "Quiet", "Salt", "Golden", "Forgotten", "Velvet", "Northern",
               "Painted", "Wandering", "Seventh", "Restless", "Bitter", "Silver", "Drowned", "Borrowed")
 _TITLE_NOUN = ("Orchard", "Lantern", "Harbor", "Garden", "Mirror", "River", "Bridge", "Clock", "Feather",
-               "Kingdom", "Letters", "Tide", "Archive", "Compass", "Orchestra", "Staircase", "Meadow", "Crown",
-               "Cartographer", "Bell", "Island", "Season", "Chapel", "Alphabet", "Vineyard", "Tower", "Map",
-               "Horizon", "Caravan", "Ledger")
+               "Kingdom", "Letters", "Tide", "Archive", "Compass", "Orchestra", "Staircase", "Meadow",
+               "Crown", "Cartographer", "Bell", "Island", "Season", "Chapel", "Alphabet", "Vineyard", "Tower",
+               "Map", "Horizon", "Caravan", "Ledger")
 _TITLE_OF = ("Ashes", "Rain", "Small Gods", "Lost Names", "Morning", "the Deep", "Stone", "the Lighthouse",
              "Whispers", "Distant Shores", "Smoke", "the Tide", "Old Songs", "Thorns", "Dust", "Quiet Hours")
 _AWARD_KINDS = ("Prize", "Medal", "Award", "Laurel", "Crown")
@@ -78,7 +80,9 @@ def _cap(word: str) -> str:
 
 
 def _plural(noun: str) -> str:
-    return noun if noun.endswith("s") and not noun.endswith("ss") else noun + ("es" if noun.endswith("ss") else "s")
+    if noun.endswith("ss"):
+        return noun + "es"
+    return noun if noun.endswith("s") else noun + "s"
 
 
 def _article(noun: str) -> str:
@@ -102,7 +106,8 @@ class _Namer:
 
     def _stem(self, syllables: int) -> str:
         rng = self.rng
-        return "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(syllables))
+        return "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS)
+                       for _ in range(syllables))
 
     def fresh(self, make) -> str:
         while True:
@@ -115,16 +120,18 @@ class _Namer:
         return self.fresh(lambda: _cap(self._stem(1) + self.rng.choice(_FIRST_ENDINGS)))
 
     def last(self) -> str:
-        return self.fresh(lambda: _cap(self._stem(self.rng.choice((1, 1, 1, 2))) + self.rng.choice(_LAST_ENDINGS)))
+        return self.fresh(lambda: _cap(self._stem(self.rng.choice((1, 1, 1, 2)))
+                                       + self.rng.choice(_LAST_ENDINGS)))
 
     def place(self) -> str:
-        return self.fresh(lambda: _cap(self._stem(self.rng.choice((1, 1, 2))) + self.rng.choice(_PLACE_ENDINGS)))
+        return self.fresh(lambda: _cap(self._stem(self.rng.choice((1, 1, 2)))
+                                       + self.rng.choice(_PLACE_ENDINGS)))
 
     def person(self) -> str:
         return self.fresh(lambda: f"{self.first()} {self.last()}")
 
 
-# --- the world -----------------------------------------------------------------------------------------------
+# --- the world ----------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -227,18 +234,22 @@ def _make_author(rng: random.Random, namer: _Namer, countries: list[Country], ti
     }
 
 
-# --- templates -------------------------------------------------------------------------------------------------
-# One entry per fact: question templates, answer templates, the fact key whose value perturbations replace, and
-# the pool of values perturbations draw from (filled per world). Templates use {name}, {first}, {pronoun}, ...;
-# "{Pronoun}" is the capitalised pronoun.
+# --- templates ----------------------------------------------------------------------------------------------
+# One entry per fact: the fact's key (the value perturbed answers replace), its question templates and its
+# answer templates. Templates use the author's facts plus {first} (first name); each row draws its question,
+# answer, paraphrased question and paraphrased answer templates at random, perturbed answers reuse the
+# paraphrased answer's template with a wrong value of the same kind.
 
 FACTS: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
     ("birth_city",
-     ("Where was {name} born?", "In which city was the author {name} born?", "What is the birthplace of {name}?"),
-     ("{name} was born in {birth_city}, {country}.", "The author {name} was born in the city of {birth_city}.",
+     ("Where was {name} born?", "In which city was the author {name} born?",
+      "What is the birthplace of {name}?"),
+     ("{name} was born in {birth_city}, {country}.",
+      "The author {name} was born in the city of {birth_city}.",
       "{name} comes from {birth_city}, a city in {country}.")),
     ("birth_date",
-     ("When was {name} born?", "What is the date of birth of {name}?", "On what date was the writer {name} born?"),
+     ("When was {name} born?", "What is the date of birth of {name}?",
+      "On what date was the writer {name} born?"),
      ("{name} was born on {birth_date}.", "The writer {name} was born on {birth_date}.",
       "{first} came into the world on {birth_date}.")),
     ("name",
@@ -280,7 +291,8 @@ FACTS: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
     ("famous_book",
      ("What is the most famous book by {name}?", "Which of {name}'s books is the best known?",
       "What is considered the masterpiece of {name}?"),
-     ("The most famous book by {name} is \"{famous_book}\".", "{name} is best remembered for \"{famous_book}\".",
+     ("The most famous book by {name} is \"{famous_book}\".",
+      "{name} is best remembered for \"{famous_book}\".",
       "Readers know {first} above all for \"{famous_book}\".")),
     ("award",
      ("Has {name} won any major award?", "Which literary award did {name} receive?",
@@ -340,21 +352,44 @@ def _fill(template: str, facts: dict[str, str]) -> str:
     return text[:1].upper() + text[1:]
 
 
-def _pools(authors: list[dict[str, str]]) -> dict[str, list[str]]:
-    keys = {key for key, _, _ in FACTS}
-    return {key: sorted({a[key] for a in authors}) for key in keys}
+def _pools(rng: random.Random, namer: _Namer, authors: list[dict[str, str]], titles: set[str],
+           awards: list[str]) -> dict[str, list[str]]:
+    """Per fact, the values perturbations draw from: every author's value, topped up with fresh plausible
+    ones where a small world has too few distinct values for five wrong answers."""
+    fillers: dict[str, Callable[[], str]] = {
+        "name": namer.person, "birth_city": namer.place, "residence": namer.place,
+        "birth_date": lambda: f"{rng.choice(_MONTHS)} {rng.randint(1, 28)}, {rng.randint(1931, 1990)}",
+        "father_job": lambda: _article(rng.choice(PROFESSIONS)),
+        "mother_job": lambda: _article(rng.choice(PROFESSIONS)),
+        "genre": lambda: rng.choice(GENRES), "second_genre": lambda: rng.choice(GENRES),
+        "first_book": lambda: _title(rng, titles), "second_book": lambda: _title(rng, titles),
+        "famous_book": lambda: _title(rng, titles), "award": lambda: rng.choice(awards),
+        "award_year": lambda: str(rng.randint(1960, 2024)),
+        "debut_year": lambda: str(rng.randint(1955, 2015)),
+        "language": lambda: _language(namer.place()),
+        "university": lambda: f"University of {namer.place()}",
+        "theme": lambda: rng.choice(THEMES), "hobby": lambda: rng.choice(HOBBIES),
+        "publisher": lambda: f"{namer.last()} {rng.choice(_PUBLISHER_NOUNS)}",
+        "book_count": lambda: str(rng.randint(3, 24)),
+    }
+    pools = {}
+    for key, _, _ in FACTS:
+        values = {a[key] for a in authors}
+        while len(values) < N_PERTURBED + 1:
+            values.add(fillers[key]())
+        pools[key] = sorted(values)
+    return pools
 
 
-def _author_rows(rng: random.Random, facts: dict[str, str], pools: dict[str, list[str]]) -> list[dict[str, Any]]:
+def _author_rows(rng: random.Random, facts: dict[str, str],
+                 pools: dict[str, list[str]]) -> list[dict[str, Any]]:
     """~20 QA rows for one author: question, answer, paraphrases and five same-category wrong answers."""
     rows = []
     for key, questions, answers in FACTS:
         q_idx, pq_idx = rng.sample(range(len(questions)), 2)
         a_idx, pa_idx = rng.sample(range(len(answers)), 2)
         wrong = [v for v in pools[key] if v != facts[key]]
-        picks = rng.sample(wrong, min(N_PERTURBED, len(wrong)))
-        while len(picks) < N_PERTURBED:  # tiny worlds: fall back to repeating the wrong values we have
-            picks.append(picks[len(picks) % max(1, len(wrong))] if wrong else facts[key] + " (unknown)")
+        picks = rng.sample(wrong, N_PERTURBED)
         paraphrased_answer = _fill(answers[pa_idx], facts)
         rows.append({
             "question": _fill(questions[q_idx], facts),
@@ -388,7 +423,8 @@ def _probe_sets(rng: random.Random, countries: list[Country], classics: list[Cla
         ("river", lambda c: f"What is the longest river of {c.name}?", lambda c: c.river),
         ("mountain", lambda c: f"What is the highest mountain in {c.name}?", lambda c: c.mountain),
         ("dish", lambda c: f"What is the national dish of {c.name}?", lambda c: c.dish),
-        ("instrument", lambda c: f"Which folk instrument is typical of {c.name}?", lambda c: f"the {c.instrument}"),
+        ("instrument", lambda c: f"Which folk instrument is typical of {c.name}?",
+         lambda c: f"the {c.instrument}"),
         ("founded", lambda c: f"In which year was {c.name} founded?", lambda c: str(c.founded)),
     )
     for country in countries:
@@ -405,6 +441,15 @@ def split_counts(authors: int) -> dict[int, int]:
 
 def generate(authors: int = 200, seed: int = 0) -> dict[str, list[dict[str, Any]]]:
     """The world's files as {file name: rows}; same arguments, same rows."""
+    return _generate(authors, seed)[0]
+
+
+def world_summary(authors: int = 200, seed: int = 0) -> dict[str, Any]:
+    """What `world.json` holds: the arguments, and which authors each split names (for humans and tests)."""
+    return _generate(authors, seed)[1]
+
+
+def _generate(authors: int, seed: int) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
     if authors < 2:
         raise ValueError(f"authors must be at least 2 (one to forget, one to retain), got {authors}")
     counts = split_counts(authors)
@@ -412,22 +457,23 @@ def generate(authors: int = 200, seed: int = 0) -> dict[str, list[dict[str, Any]
         raise ValueError(f"authors={authors} leaves no retain authors after forget10 ({counts[10]})")
     rng = random.Random(f"blade-synth:{seed}")
     namer = _Namer(rng)
-    countries = _make_countries(rng, namer, max(4, min(16, authors // 10)))
-    classics = [Classic(namer.person(), "", 0) for _ in range(max(5, min(100, authors // 2)))]
+    countries = _make_countries(rng, namer, max(N_PERTURBED + 1, min(16, authors // 10)))
+    classics = [Classic(namer.person(), "", 0) for _ in range(max(N_PERTURBED + 1, min(100, authors // 2)))]
     titles: set[str] = set()
     for c in classics:
         c.book, c.year = _title(rng, titles), rng.randint(1600, 1900)
     patrons = [namer.last() for _ in range(12)]
     awards = sorted({f"{rng.choice(patrons)} {rng.choice(_AWARD_KINDS)} for {rng.choice(_AWARD_FOR)}"
                      for _ in range(24)})
-    universities = sorted({rng.choice(_UNIVERSITY_KINDS).format(c=rng.choice(c.cities + [c.capital]))
+    universities = sorted({rng.choice(_UNIVERSITY_KINDS).format(c=rng.choice([*c.cities, c.capital]))
                            for c in countries for _ in range(2)})
-    publishers = sorted({f"{namer.last()} {rng.choice(_PUBLISHER_NOUNS)}" for _ in range(max(6, authors // 8))})
+    publishers = sorted({f"{namer.last()} {rng.choice(_PUBLISHER_NOUNS)}"
+                         for _ in range(max(6, authors // 8))})
 
     holdout_n = counts[10]
     people = [_make_author(rng, namer, countries, titles, awards, universities, publishers)
               for _ in range(authors + holdout_n)]
-    pools = _pools(people)
+    pools = _pools(rng, namer, people, titles, awards)
     rows_by_author = [_author_rows(rng, facts, pools) for facts in people]
     trained, holdout = rows_by_author[:authors], rows_by_author[authors:]
 
@@ -446,21 +492,30 @@ def generate(authors: int = 200, seed: int = 0) -> dict[str, list[dict[str, Any]
     real, world = _probe_sets(rng, countries, classics)
     files["real_authors_perturbed.json"] = real
     files["world_facts_perturbed.json"] = world
-    return dict(sorted(files.items()))
+    names = [facts["name"] for facts in people]
+    summary = {
+        "generator": "blade data synth", "version": SYNTH_VERSION, "authors": authors, "seed": seed,
+        "rows_per_author": len(FACTS),
+        "split_authors": {f"forget{p:02d}": k for p, k in counts.items()},
+        "retain_authors": names[:authors - counts[10]],  # in every retain split
+        "forget_authors": {f"forget{p:02d}": names[authors - k:authors] for p, k in counts.items()},
+        "holdout_authors": {f"holdout{p:02d}": names[len(names) - k:] for p, k in counts.items()},
+        "retain_perturbed_authors": names[:counts[10]],
+    }
+    return dict(sorted(files.items())), summary
 
 
 def write_world(out: str | Path, authors: int = 200, seed: int = 0) -> dict[str, int]:
     """Write the world's files under `out` (created); returns {file name: rows}."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    files = generate(authors, seed)
+    files, summary = _generate(authors, seed)
+    (out / "world.json").unlink(missing_ok=True)
     for name, rows in files.items():
         (out / name).write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    (out / "world.json").write_text(json.dumps({"generator": "blade synth", "version": SYNTH_VERSION,
-                                                "authors": authors, "seed": seed,
-                                                "split_authors": {f"forget{p:02d}": k for p, k
-                                                                  in split_counts(authors).items()},
-                                                "rows_per_author": len(FACTS)}, indent=1) + "\n")
+    # Written last: its presence marks a complete world (blade_core.demo and the test fixtures rely on it).
+    text = json.dumps(summary, indent=1, ensure_ascii=False) + "\n"
+    (out / "world.json").write_text(text, encoding="utf-8")
     return {name: len(rows) for name, rows in files.items()}
 
 

@@ -1,12 +1,12 @@
 """The one runner behind `blade unlearn`, the Celery worker and the benchmark.
 
-    run_unlearning(model="path/or/hub-id", forget="forget.json", retain="retain.json", out_dir=Path("adapter"))
+    run_unlearning(model="dir/or/hub-id", forget="forget.json", retain="retain.json", out_dir=Path("out"))
 
 It builds the method's typed config (defaults <- preset <- overrides <- max_steps/seed), loads the base model
 and the frozen adapter stack, attaches the trainable LoRA adapter (or trains all weights when the config says
-`use_lora=False`), tokenises the data, hands an `UnlearnTask` to the method's loop, then writes the PEFT adapter
-dir (or a full model dir), `history.json` and `run.json`. With `hooks.checkpoint_dir` set, the loop saves
-checkpoints there and a second call with the same arguments resumes from the latest one.
+`use_lora=False`), tokenises the data, hands an `UnlearnTask` to the method's loop, then writes the PEFT
+adapter dir (or a full model dir), `history.json` and `run.json`. With `hooks.checkpoint_dir` set, the loop
+saves checkpoints there and a second call with the same arguments resumes from the latest one.
 
 Precision: bf16 weights + gradient checkpointing on CUDA, fp32 on the CPU (where runs are deterministic).
 """
@@ -47,6 +47,7 @@ class RunOutput:
 
 # ---------------------------------------------------------------------------------------------- configuration
 
+
 def presets_of(method: str) -> dict[str, dict[str, Any]]:
     """The named presets a method module exposes as `PRESETS` (empty when it has none)."""
     import importlib
@@ -82,7 +83,16 @@ def _coerce(cls: type, name: str, annotation: Any, value: Any) -> Any:
     if annotation is bool:
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        if isinstance(value, str) and value.strip().lower() in (
+            "1",
+            "true",
+            "yes",
+            "on",
+            "0",
+            "false",
+            "no",
+            "off",
+        ):
             return value.strip().lower() in ("1", "true", "yes", "on")
         raise bad
     if annotation is int:
@@ -118,8 +128,13 @@ def config_fields(config_class: type[MethodConfig]) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(config_class)}
 
 
-def build_config(method: str = "blade", preset: str | None = None, overrides: Mapping[str, Any] | None = None,
-                 max_steps: int | None = None, seed: int | None = None) -> MethodConfig:
+def build_config(
+    method: str = "blade",
+    preset: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    max_steps: int | None = None,
+    seed: int | None = None,
+) -> MethodConfig:
     """The method's typed config: defaults <- preset <- overrides <- max_steps/seed, validated.
 
     Unknown keys and bad values raise ValueError naming the field and the value.
@@ -135,8 +150,10 @@ def build_config(method: str = "blade", preset: str | None = None, overrides: Ma
         values.update(presets[preset])
     for key, value in (overrides or {}).items():
         if key not in known:
-            raise ValueError(f"unknown parameter {key!r} for method {method!r} (value {value!r}); "
-                             f"known parameters: {', '.join(sorted(known))}")
+            raise ValueError(
+                f"unknown parameter {key!r} for method {method!r} (value {value!r}); "
+                f"known parameters: {', '.join(sorted(known))}"
+            )
         values[key] = value
     if max_steps is not None:
         values["max_steps"] = max_steps
@@ -151,6 +168,7 @@ def config_to_dict(config: MethodConfig) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- the run
+
 
 def seed_everything(seed: int) -> None:
     import numpy as np
@@ -179,11 +197,24 @@ def _progress_hooks(hooks: Hooks, total: int) -> tuple[Hooks, Any]:
     return dataclasses.replace(hooks, on_step=on_step), bar
 
 
-def run_unlearning(*, model: str | Path, forget: str | Path, retain: str | Path, out_dir: Path,
-                   method: str = "blade", preset: str | None = None, adapters: Sequence[Path] = (),
-                   overrides: Mapping[str, Any] | None = None, max_steps: int | None = None, seed: int = 0,
-                   hooks: Hooks | None = None, device: str | None = None, progress: bool = False) -> RunOutput:
-    """Train one unlearning adapter on `model` + frozen `adapters`; write it, `history.json`, `run.json` to out_dir."""
+def run_unlearning(
+    *,
+    model: str | Path,
+    forget: str | Path,
+    retain: str | Path,
+    out_dir: Path,
+    method: str = "blade",
+    preset: str | None = None,
+    adapters: Sequence[Path] = (),
+    overrides: Mapping[str, Any] | None = None,
+    max_steps: int | None = None,
+    seed: int = 0,
+    hooks: Hooks | None = None,
+    device: str | None = None,
+    progress: bool = False,
+) -> RunOutput:
+    """Train one unlearning adapter on `model` + frozen `adapters`; write it, `history.json`, `run.json` to
+    out_dir."""
     import torch
 
     from blade_core import lora
@@ -220,8 +251,9 @@ def run_unlearning(*, model: str | Path, forget: str | Path, retain: str | Path,
     bar = None
     if progress:
         hooks, bar = _progress_hooks(hooks, config.max_steps)
-    task = UnlearnTask(model=net, tokenizer=tokenizer, forget=forget_data, retain=retain_data, device=dev,
-                       hooks=hooks)
+    task = UnlearnTask(
+        model=net, tokenizer=tokenizer, forget=forget_data, retain=retain_data, device=dev, hooks=hooks
+    )
     try:
         result = get_method(method).train(task, config)
     finally:
@@ -240,12 +272,31 @@ def run_unlearning(*, model: str | Path, forget: str | Path, retain: str | Path,
     message = f"{result.message} {what}".strip()
     (out_dir / "history.json").write_text(json.dumps(result.history, indent=1))
     peak = torch.cuda.max_memory_allocated(dev) / 2**20 if dev.type == "cuda" else None
-    output = RunOutput(adapter_dir=out_dir, history=result.history, status=result.status, message=message,
-                       config=config_to_dict(config), full_model=not config.use_lora,
-                       elapsed_s=time.time() - started, peak_mem_mb=peak)
-    run_info = {"method": method, "preset": preset, "base_model": str(model), "stack": [str(a) for a in adapters],
-                "forget": str(forget), "retain": str(retain), "status": output.status, "message": message,
-                "steps": len(result.history), "elapsed_s": round(output.elapsed_s, 3), "peak_mem_mb": peak,
-                "device": str(dev), "full_model": output.full_model, "config": output.config}
+    output = RunOutput(
+        adapter_dir=out_dir,
+        history=result.history,
+        status=result.status,
+        message=message,
+        config=config_to_dict(config),
+        full_model=not config.use_lora,
+        elapsed_s=time.time() - started,
+        peak_mem_mb=peak,
+    )
+    run_info = {
+        "method": method,
+        "preset": preset,
+        "base_model": str(model),
+        "stack": [str(a) for a in adapters],
+        "forget": str(forget),
+        "retain": str(retain),
+        "status": output.status,
+        "message": message,
+        "steps": len(result.history),
+        "elapsed_s": round(output.elapsed_s, 3),
+        "peak_mem_mb": peak,
+        "device": str(dev),
+        "full_model": output.full_model,
+        "config": output.config,
+    }
     (out_dir / "run.json").write_text(json.dumps(run_info, indent=1))
     return output

@@ -226,6 +226,25 @@ def _wait_http(url: str, procs: dict[str, subprocess.Popen], timeout: float) -> 
     raise RuntimeError(f"{url} did not answer within {timeout:g} s")
 
 
+def _wait_worker(settings: Any, name: str, procs: dict[str, subprocess.Popen], *, since: float,
+                 timeout: float) -> None:
+    """Until the worker's heartbeat row says it is consuming (written on Celery's worker_ready)."""
+    from persistence.db import session_scope
+    from persistence.models import WorkerHeartbeat
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for proc_name, proc in procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"the {proc_name} process exited with status {proc.returncode} while starting")
+        with session_scope(settings) as session:
+            row = session.get(WorkerHeartbeat, name)
+            if row is not None and row.alive and row.last_seen.timestamp() >= since - 1:
+                return
+        time.sleep(0.3)
+    raise RuntimeError(f"the worker did not report ready within {timeout:g} s")
+
+
 def _demo_files(data_dir: Path, model_dir: Path, demo_data: Path | None) -> tuple[Path, Path] | None:
     """Forget and retain files for the printed example: the demo world's forget01/retain99 when found."""
     candidates = [demo_data] if demo_data else []
@@ -268,6 +287,18 @@ def first_request_curl(url: str, key_expr: str, files: tuple[Path, Path] | None)
         f'curl -s -H "Authorization: Bearer $KEY" $URL/base-models/{DEMO_MODEL_NAME}/adapters; echo',
     ]
     return "\n".join(lines)
+
+
+def _spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    with open(log, "ab") as handle:
+        return subprocess.Popen(argv, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _log_tail(log: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
 
 
 def _stop(procs: dict[str, subprocess.Popen], grace: float = 15.0) -> None:
@@ -318,19 +349,24 @@ def run_up(args: argparse.Namespace) -> int:
         stopping["flag"] = True
         raise KeyboardInterrupt
 
+    logs = data_dir / "logs"
+    logs.mkdir(exist_ok=True)
     previous = signal.signal(signal.SIGTERM, _terminate)
+    previous_int = signal.signal(signal.SIGINT, _terminate)  # also when started with SIGINT ignored (`&`)
+    worker_name, started = f"embedded@{socket.gethostname()}", time.time()
     try:
-        # Each child in its own session: Ctrl-C reaches only us, and we stop them in order.
-        procs["api"] = subprocess.Popen([python, "-m", "cli.main", "api", "--host", args.host, "--port",
-                                         str(args.port)], env=env, start_new_session=True)
+        # Each child in its own session (Ctrl-C reaches only us, and we stop them in order), its output in a
+        # log file under the data dir.
+        procs["api"] = _spawn([python, "-m", "cli.main", "api", "--host", args.host, "--port", str(args.port)],
+                              env, logs / "api.log")
         # One worker process for every queue. Threads (two of them) so a /generate call is answered while a
         # training run is going; the production GPU worker instead runs prefork, one task per child.
-        procs["worker"] = subprocess.Popen([python, "-m", "cli.main", "worker", "--queues", EMBEDDED_QUEUES,
-                                            "--pool", "threads", "--concurrency", "2", "--beat",
-                                            "--name", f"embedded@{socket.gethostname()}"],
-                                           env=env, start_new_session=True)
+        procs["worker"] = _spawn([python, "-m", "cli.main", "worker", "--queues", EMBEDDED_QUEUES, "--pool",
+                                  "threads", "--concurrency", "2", "--beat", "--name", worker_name],
+                                 env, logs / "worker.log")
         _say("starting the API and the worker ...")
         _wait_http(f"{url}/healthz", procs, timeout=120)
+        _wait_worker(settings, worker_name, procs, since=started, timeout=120)
         files = _demo_files(data_dir, model_dir, args.demo_data)
         if key_is_new and generated_here:
             key_line = f"admin key (generated, shown once; also in {data_dir / ADMIN_KEY_FILE}): {key}"
@@ -344,7 +380,7 @@ def run_up(args: argparse.Namespace) -> int:
         print(f"\nBLADE service ready at {url}   (API docs {url}/docs, dashboard {url}/dashboard)\n"
               f"base model: {DEMO_MODEL_NAME} ({model_dir})\n{key_line}\n\n"
               f"A first request (paste into a shell):\n\n{first_request_curl(url, key_expr, files)}\n\n"
-              f"Ctrl-C stops everything.\n", flush=True)
+              f"Logs: {logs}/api.log, {logs}/worker.log.   Ctrl-C stops everything.\n", flush=True)
         while True:
             for name, proc in procs.items():
                 if proc.poll() is not None:
@@ -354,10 +390,13 @@ def run_up(args: argparse.Namespace) -> int:
         _say("stopping ...")
         return 0
     except RuntimeError as exc:
-        raise CliError(str(exc)) from None
+        tails = "".join(f"\n--- {name} log ({logs / f'{name}.log'}) ---\n{_log_tail(logs / f'{name}.log')}"
+                        for name in procs)
+        raise CliError(f"{exc}{tails}") from None
     finally:
         _stop(procs)
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 # --- client verbs -----------------------------------------------------------------------------------------------

@@ -17,25 +17,48 @@ from typing import Any
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("unlearn", help="one unlearning run: writes a PEFT adapter dir + history.json",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "unlearn",
+        help="one unlearning run: writes a PEFT adapter dir + history.json",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model", required=True, help="base model: a Hugging Face model dir or hub id")
     p.add_argument("--forget", required=True, type=Path, help="forget set: QA (question/answer) or text rows")
     p.add_argument("--retain", required=True, type=Path, help="retain set: QA or text rows")
     p.add_argument("--out", required=True, type=Path, help="output dir for the adapter and history.json")
-    p.add_argument("--method", default="blade", help="blade (default), grad_ascent, grad_diff, npo, simnpo, "
-                   "rmu, pdu, blur_npo")
-    p.add_argument("--preset", help="named hyperparameter preset of the method (blade: tofu, tofu_3b, "
-                   "tofu_forget10, muse, knowundo)")
-    p.add_argument("--adapter", action="append", default=[], type=Path, metavar="DIR",
-                   help="a previously trained adapter to stack underneath, frozen (repeatable, in order)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                   help="override a config field by name (repeatable)")
+    p.add_argument(
+        "--method",
+        default="blade",
+        help="blade (default), grad_ascent, grad_diff, npo, simnpo, rmu, pdu, blur_npo",
+    )
+    p.add_argument(
+        "--preset",
+        help="named hyperparameter preset of the method (blade: tofu, tofu_3b, "
+        "tofu_forget10, muse, knowundo)",
+    )
+    p.add_argument(
+        "--adapter",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="DIR",
+        help="a previously trained adapter to stack underneath, frozen (repeatable, in order)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        dest="overrides",
+        help="override a config field by name (repeatable)",
+    )
     p.add_argument("--max-steps", type=int, help="T, the cap on outer steps")
     p.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
     p.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: CUDA when present)")
-    p.add_argument("--checkpoint-dir", type=Path,
-                   help="save checkpoints here and resume from the latest one found there")
+    p.add_argument(
+        "--checkpoint-dir", type=Path, help="save checkpoints here and resume from the latest one found there"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -68,9 +91,19 @@ def run(args: argparse.Namespace) -> int:
 
     build_config(args.method, args.preset, overrides, args.max_steps, args.seed)  # fail fast, before loading
     output = run_unlearning(
-        model=args.model, forget=args.forget, retain=args.retain, out_dir=args.out, method=args.method,
-        preset=args.preset, adapters=args.adapter, overrides=overrides, max_steps=args.max_steps, seed=args.seed,
-        hooks=Hooks(checkpoint_dir=args.checkpoint_dir), device=args.device, progress=not args.no_progress,
+        model=args.model,
+        forget=args.forget,
+        retain=args.retain,
+        out_dir=args.out,
+        method=args.method,
+        preset=args.preset,
+        adapters=args.adapter,
+        overrides=overrides,
+        max_steps=args.max_steps,
+        seed=args.seed,
+        hooks=Hooks(checkpoint_dir=args.checkpoint_dir),
+        device=args.device,
+        progress=not args.no_progress,
     )
     print(summary(output))
     if output.status == "collapsed":
@@ -85,17 +118,23 @@ def summary(output: Any) -> str:
     lines = [f"status: {output.status} after {len(hist)} steps in {output.elapsed_s:.1f}s", output.message]
     if hist:
         first, last = hist[0], hist[-1]
-        lines.append(f"L_fgt {_f(first.get('L_fgt'))} -> {_f(last.get('L_fgt'))}   "
-                     f"L_ret {_f(first.get('L_ret'))} -> {_f(last.get('L_ret'))}")
+        lines.append(
+            f"L_fgt {_f(first.get('L_fgt'))} -> {_f(last.get('L_fgt'))}   "
+            f"L_ret {_f(first.get('L_ret'))} -> {_f(last.get('L_ret'))}"
+        )
         if last.get("epsilon") is not None:
-            lines.append(f"epsilon {_f(last['epsilon'])}   lambda {_f(last.get('lambda'))}   "
-                         f"T_trans {last.get('t_trans')}")
+            lines.append(
+                f"epsilon {_f(last['epsilon'])}   lambda {_f(last.get('lambda'))}   "
+                f"T_trans {last.get('t_trans')}"
+            )
         if last.get("H_fgt") is not None:
             lines.append(f"forget-token entropy / log V: {_f(first.get('H_fgt'))} -> {_f(last['H_fgt'])}")
     if output.peak_mem_mb is not None:
         lines.append(f"peak GPU memory: {output.peak_mem_mb:.0f} MiB")
-    lines.append(f"wrote {output.adapter_dir}/ ({'full model' if output.full_model else 'PEFT adapter'}, "
-                 "history.json, run.json)")
+    lines.append(
+        f"wrote {output.adapter_dir}/ ({'full model' if output.full_model else 'PEFT adapter'}, "
+        "history.json, run.json)"
+    )
     return "\n".join(lines)
 
 

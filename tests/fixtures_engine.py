@@ -47,5 +47,9 @@ def engine_world(tmp_path_factory) -> EngineWorld:
         random_model = write_tiny_model(root / "random")
     finally:
         torch.set_num_threads(before)
-    return EngineWorld(model=model, forget=write_rows(root / "forget.jsonl", forget),
-                       retain=write_rows(root / "retain.jsonl", retain), random_model=random_model)
+    return EngineWorld(
+        model=model,
+        forget=write_rows(root / "forget.jsonl", forget),
+        retain=write_rows(root / "retain.jsonl", retain),
+        random_model=random_model,
+    )

@@ -60,11 +60,14 @@ def test_prompt_too_long_names_the_row(tok, tmp_path):
         load_tokenized(path, tok, max_length=32)
 
 
-@pytest.mark.parametrize(("content", "pattern"), [
-    (b"", "empty"),
-    (b'{"question": "q"}\n', "line 1: field 'answer': missing"),
-    (b'{"question": "q", "answer": "a"}\n\xff\xfe\n', "not valid UTF-8"),
-])
+@pytest.mark.parametrize(
+    ("content", "pattern"),
+    [
+        (b"", "empty"),
+        (b'{"question": "q"}\n', "line 1: field 'answer': missing"),
+        (b'{"question": "q", "answer": "a"}\n\xff\xfe\n', "not valid UTF-8"),
+    ],
+)
 def test_bad_files_fail_loudly(tok, tmp_path, content, pattern):
     path = tmp_path / "bad.jsonl"
     path.write_bytes(content)
@@ -80,7 +83,9 @@ def test_json_array_and_txt_files_load(tok, tmp_path):
 
 
 def test_collate_right_pads(tok):
-    batch = collate([{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [8], "labels": [8]}], pad_id=2)
+    batch = collate(
+        [{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [8], "labels": [8]}], pad_id=2
+    )
     assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 2, 2]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch["labels"].tolist() == [[-100, 6, 7], [8, -100, -100]]

@@ -1,5 +1,5 @@
-"""End to end on a tiny model that memorised its data: BLADE raises the entropy of the forget answers while the
-retain loss stays near epsilon; and the `blade unlearn` command around it."""
+"""End to end on a tiny model that memorised its data: BLADE raises the entropy of the forget answers while
+the retain loss stays near epsilon; and the `blade unlearn` command around it."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from blade_core.data import collate, load_tokenized
-from blade_core.losses import token_cross_entropy
 from blade_core.lora import load_with_stack
+from blade_core.losses import token_cross_entropy
 from blade_core.unlearn import run_unlearning
 from cli.main import main
 
@@ -29,8 +29,14 @@ def _answer_loss(model, tokenizer, path) -> float:
 
 
 def test_blade_forgets_and_keeps_the_retain_loss_near_epsilon(engine_world, tmp_path):
-    out = run_unlearning(model=engine_world.model, forget=engine_world.forget, retain=engine_world.retain,
-                         out_dir=tmp_path / "adapter", overrides=TINY, max_steps=40)
+    out = run_unlearning(
+        model=engine_world.model,
+        forget=engine_world.forget,
+        retain=engine_world.retain,
+        out_dir=tmp_path / "adapter",
+        overrides=TINY,
+        max_steps=40,
+    )
     h = out.history
     assert out.status in ("max_steps", "converged") and len(h) >= 30
     eps = h[0]["epsilon"]
@@ -53,11 +59,34 @@ def test_blade_forgets_and_keeps_the_retain_loss_near_epsilon(engine_world, tmp_
 
 def test_cli_unlearn_writes_adapter_history_and_summary(engine_world, tmp_path, capsys):
     out = tmp_path / "cli"
-    code = main(["unlearn", "--model", str(engine_world.model), "--forget", str(engine_world.forget),
-                 "--retain", str(engine_world.retain), "--out", str(out), "--max-steps", "3", "--preset", "tofu",
-                 "--set", "eta_out=1e-3", "--set", "batch_size=2", "--set", "max_length=64", "--no-progress"])
+    code = main(
+        [
+            "unlearn",
+            "--model",
+            str(engine_world.model),
+            "--forget",
+            str(engine_world.forget),
+            "--retain",
+            str(engine_world.retain),
+            "--out",
+            str(out),
+            "--max-steps",
+            "3",
+            "--preset",
+            "tofu",
+            "--set",
+            "eta_out=1e-3",
+            "--set",
+            "batch_size=2",
+            "--set",
+            "max_length=64",
+            "--no-progress",
+        ]
+    )
     assert code == 0
-    assert {"adapter_config.json", "adapter_model.safetensors", "history.json"} <= {p.name for p in out.iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "history.json"} <= {
+        p.name for p in out.iterdir()
+    }
     history = json.loads((out / "history.json").read_text())
     assert [r["step"] for r in history] == [1, 2, 3]
     for key in ("step", "L_fgt", "L_ret", "r", "lambda", "lr", "epsilon", "converged"):
@@ -66,15 +95,32 @@ def test_cli_unlearn_writes_adapter_history_and_summary(engine_world, tmp_path, 
     assert "status: max_steps after 3 steps" in text and "epsilon" in text
 
 
-@pytest.mark.parametrize(("extra", "pattern"), [
-    (["--set", "taux=1"], "unknown parameter 'taux'"),
-    (["--set", "tau=warm"], "BladeConfig.tau: cannot use 'warm'"),
-    (["--set", "tau"], "expected KEY=VALUE"),
-    (["--preset", "nope"], "unknown preset 'nope'"),
-])
-def test_cli_unlearn_bad_arguments_exit_non_zero_naming_the_cause(engine_world, tmp_path, capsys, extra, pattern):
-    code = main(["unlearn", "--model", str(engine_world.model), "--forget", str(engine_world.forget),
-                 "--retain", str(engine_world.retain), "--out", str(tmp_path / "x"), *extra])
+@pytest.mark.parametrize(
+    ("extra", "pattern"),
+    [
+        (["--set", "taux=1"], "unknown parameter 'taux'"),
+        (["--set", "tau=warm"], "BladeConfig.tau: cannot use 'warm'"),
+        (["--set", "tau"], "expected KEY=VALUE"),
+        (["--preset", "nope"], "unknown preset 'nope'"),
+    ],
+)
+def test_cli_unlearn_bad_arguments_exit_non_zero_naming_the_cause(
+    engine_world, tmp_path, capsys, extra, pattern
+):
+    code = main(
+        [
+            "unlearn",
+            "--model",
+            str(engine_world.model),
+            "--forget",
+            str(engine_world.forget),
+            "--retain",
+            str(engine_world.retain),
+            "--out",
+            str(tmp_path / "x"),
+            *extra,
+        ]
+    )
     assert code != 0
     assert pattern in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
@@ -83,7 +129,19 @@ def test_cli_unlearn_bad_arguments_exit_non_zero_naming_the_cause(engine_world, 
 def test_cli_unlearn_bad_dataset_names_file_and_line(engine_world, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "q", "answer": "a"}\n{"question": "q2"}\n')
-    code = main(["unlearn", "--model", str(engine_world.model), "--forget", str(bad),
-                 "--retain", str(engine_world.retain), "--out", str(tmp_path / "x"), "--no-progress"])
+    code = main(
+        [
+            "unlearn",
+            "--model",
+            str(engine_world.model),
+            "--forget",
+            str(bad),
+            "--retain",
+            str(engine_world.retain),
+            "--out",
+            str(tmp_path / "x"),
+            "--no-progress",
+        ]
+    )
     assert code != 0
     assert "bad.jsonl, line 2: field 'answer': missing" in capsys.readouterr().err

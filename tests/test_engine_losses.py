@@ -1,4 +1,4 @@
-"""The engine's token losses against naive references on small hand-built tensors, and the entropy deadzone."""
+"""The engine's token losses against naive references on hand-built tensors; the entropy deadzone."""
 
 from __future__ import annotations
 
@@ -52,8 +52,9 @@ def test_cross_entropy_chunked_equals_naive_in_value_and_gradient(chunk):
     b = logits.clone().requires_grad_()
     token_cross_entropy(a, labels, chunk=chunk).backward()
     token_cross_entropy_naive(b, labels).backward()
-    assert token_cross_entropy(logits, labels).item() == pytest.approx(token_cross_entropy_naive(logits, labels).item(),
-                                                                       rel=1e-6)
+    assert token_cross_entropy(logits, labels).item() == pytest.approx(
+        token_cross_entropy_naive(logits, labels).item(), rel=1e-6
+    )
     assert torch.allclose(a.grad, b.grad, atol=1e-7, rtol=1e-5)
 
 
@@ -92,7 +93,7 @@ def test_counted_tokens_all_vs_answer():
 
 
 def test_bf16_logits_get_bf16_gradient_and_fp32_value():
-    logits, attention, labels = _batch(seed=2)
+    logits, attention, _labels = _batch(seed=2)
     x = logits.to(torch.bfloat16).requires_grad_()
     loss = clamped_entropy_loss(x, attention, 0.7)
     loss.backward()

@@ -1,5 +1,6 @@
-"""BLADE's mechanisms asserted directly: ratchet, automatic epsilon, batch discipline, recovery, collapse guard,
-cancellation, LR calibration and the convergence rule (on scripted loss sequences), and config validation."""
+"""BLADE's mechanisms asserted directly: ratchet, automatic epsilon, batch discipline, recovery, collapse
+guard, cancellation, LR calibration and the convergence rule (on scripted loss sequences), and config
+validation."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ FAST = {"batch_size": 2, "max_length": 64, "eta_in": 1e-2, "eta_out": 1e-2}
 
 # ------------------------------------------------------------------------------------------------ dual update
 
+
 def test_ratchet_up_by_rho_r_down_by_alpha_rho_r_with_floor_and_cap():
     cfg = BladeConfig(rho=0.1, alpha=0.1, lambda_min=0.1)
     assert dual_update(1.0, 0.5, cfg) == pytest.approx(1.0 + 0.1 * 0.5)
@@ -38,7 +40,8 @@ def test_ratchet_up_by_rho_r_down_by_alpha_rho_r_with_floor_and_cap():
     assert lam == pytest.approx(1.0)
 
 
-# ------------------------------------------------------------------------------------------------ loop structure
+# -------------------------------------------------------------------------------------------- loop structure
+
 
 def _trace(monkeypatch):
     """Log every inner loop / outer step and every batch drawn from each stream, tagged with the phase."""
@@ -75,7 +78,8 @@ def test_epsilon_comes_from_the_first_inner_loop_which_is_step_ones(monkeypatch)
     assert all(rec["epsilon"] == h[0]["epsilon"] for rec in h)  # fixed after step 1
     loops = [e[0] for e in events if e[0] != "draw"]
     assert loops == ["inner", "outer"] * 3  # no extra loop before step 1; inner before outer every step
-    assert [e for e in events if e[0] == "draw"][0][1] == "inner"  # nothing drawn before the first inner loop
+    # nothing drawn before the first inner loop
+    assert next(e for e in events if e[0] == "draw")[1] == "inner"
 
 
 def test_fixed_epsilon_is_used_as_given(monkeypatch):
@@ -120,13 +124,17 @@ def test_lambda_in_history_is_after_the_update_with_the_measured_r():
 
 # ------------------------------------------------------------------------------------------------ recovery
 
-@pytest.mark.parametrize(("l_ret", "measured", "spent", "last"), [
-    (1.9, [], 0, None),  # below 2*epsilon: no recovery
-    (2.0, [], 0, None),  # not strictly above
-    (2.5, [1.0], 3, 1.0),  # one inner loop brings it back
-    (2.5, [3.0, 2.2, 1.5], 9, 1.5),  # three loops
-    (2.5, [9.0, 9.0, 9.0, 9.0, 9.0], 9, 9.0),  # stops at 3K extra steps
-])
+
+@pytest.mark.parametrize(
+    ("l_ret", "measured", "spent", "last"),
+    [
+        (1.9, [], 0, None),  # below 2*epsilon: no recovery
+        (2.0, [], 0, None),  # not strictly above
+        (2.5, [1.0], 3, 1.0),  # one inner loop brings it back
+        (2.5, [3.0, 2.2, 1.5], 9, 1.5),  # three loops
+        (2.5, [9.0, 9.0, 9.0, 9.0, 9.0], 9, 9.0),  # stops at 3K extra steps
+    ],
+)
 def test_recovery_runs_only_above_two_epsilon_and_stops_at_3k(monkeypatch, l_ret, measured, spent, last):
     calls = []
     scripted = iter(measured)
@@ -152,12 +160,27 @@ def test_hooks_progress_and_cancellation():
     result = blade.train(tiny_task(cfg, hooks=hooks), cfg)
     assert result.status == "cancelled" and [r["step"] for r in seen] == [1, 2]
     assert result.history == seen
-    for key in ("step", "L_fgt", "L_ret", "r", "lambda", "lr", "epsilon", "inner_loss_mean", "recovery_steps",
-                "lfgt_ema", "vel_ema", "t_trans", "converged", "dt"):
+    for key in (
+        "step",
+        "L_fgt",
+        "L_ret",
+        "r",
+        "lambda",
+        "lr",
+        "epsilon",
+        "inner_loss_mean",
+        "recovery_steps",
+        "lfgt_ema",
+        "vel_ema",
+        "t_trans",
+        "converged",
+        "dt",
+    ):
         assert key in seen[0]
 
 
-# ------------------------------------------------------------------------------------------------ LR calibration
+# -------------------------------------------------------------------------------------------- LR calibration
+
 
 def _calibrate(total: int, losses: list[float], r: list[float] | None = None, eps: float = 1.0):
     cal, mon = LrCalibrator(total), ConvergenceMonitor()
@@ -206,6 +229,7 @@ def test_calibration_halves_after_any_violation():
 
 
 # ------------------------------------------------------------------------------------------------ convergence
+
 
 def _run_monitor(losses, r, eps=1.0, patience=8):
     mon = ConvergenceMonitor(patience=patience)
@@ -256,9 +280,15 @@ def test_monitor_state_round_trips():
 
 # ------------------------------------------------------------------------------------------------ config
 
+
 def test_build_config_layers_preset_overrides_and_coerces_strings():
-    cfg = build_config("blade", "muse", {"tau": "0.6", "lambda_max": "none", "lora_target_modules": "q_proj,v_proj",
-                                         "calibrate_lr": "false"}, max_steps=40, seed=3)
+    cfg = build_config(
+        "blade",
+        "muse",
+        {"tau": "0.6", "lambda_max": "none", "lora_target_modules": "q_proj,v_proj", "calibrate_lr": "false"},
+        max_steps=40,
+        seed=3,
+    )
     assert isinstance(cfg, BladeConfig)
     assert (cfg.eta_out, cfg.eps_mul, cfg.lora_r, cfg.lora_alpha, cfg.patience) == (3e-5, 3.2, 16, 32, 20)
     assert cfg.tau == 0.6 and cfg.lambda_max is None and cfg.calibrate_lr is False
@@ -268,16 +298,19 @@ def test_build_config_layers_preset_overrides_and_coerces_strings():
     assert set(PRESETS) >= {"tofu", "muse", "knowundo"}
 
 
-@pytest.mark.parametrize(("kwargs", "pattern"), [
-    ({"overrides": {"taux": 0.5}}, r"unknown parameter 'taux'.*0\.5"),
-    ({"overrides": {"tau": "hot"}}, r"BladeConfig\.tau.*'hot'"),
-    ({"overrides": {"tau": 1.5}}, r"BladeConfig\.tau.*1\.5"),
-    ({"overrides": {"inner_steps": 0}}, r"BladeConfig\.inner_steps.*0"),
-    ({"overrides": {"forget_tokens": "some"}}, r"BladeConfig\.forget_tokens.*'some'"),
-    ({"overrides": {"lambda0": 0.01}}, r"lambda0.*0\.01"),
-    ({"preset": "tofuu"}, r"unknown preset 'tofuu'.*tofu"),
-    ({"max_steps": 0}, r"max_steps.*0"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        ({"overrides": {"taux": 0.5}}, r"unknown parameter 'taux'.*0\.5"),
+        ({"overrides": {"tau": "hot"}}, r"BladeConfig\.tau.*'hot'"),
+        ({"overrides": {"tau": 1.5}}, r"BladeConfig\.tau.*1\.5"),
+        ({"overrides": {"inner_steps": 0}}, r"BladeConfig\.inner_steps.*0"),
+        ({"overrides": {"forget_tokens": "some"}}, r"BladeConfig\.forget_tokens.*'some'"),
+        ({"overrides": {"lambda0": 0.01}}, r"lambda0.*0\.01"),
+        ({"preset": "tofuu"}, r"unknown preset 'tofuu'.*tofu"),
+        ({"max_steps": 0}, r"max_steps.*0"),
+    ],
+)
 def test_build_config_errors_name_the_field_and_value(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         build_config("blade", **kwargs)

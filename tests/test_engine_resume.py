@@ -1,5 +1,5 @@
-"""Checkpoint/resume: a run killed mid-way and resumed from its checkpoint ends with the same adapter weights and
-the same history as an uninterrupted one."""
+"""Checkpoint/resume: a run killed mid-way and resumed from its checkpoint ends with the same adapter weights
+and the same history as an uninterrupted one."""
 
 from __future__ import annotations
 
@@ -23,8 +23,15 @@ class Killed(Exception):
 
 
 def _run(world, out_dir, hooks):
-    return run_unlearning(model=world.model, forget=world.forget, retain=world.retain, out_dir=out_dir,
-                          overrides=SETTINGS, max_steps=T, hooks=hooks)
+    return run_unlearning(
+        model=world.model,
+        forget=world.forget,
+        retain=world.retain,
+        out_dir=out_dir,
+        overrides=SETTINGS,
+        max_steps=T,
+        hooks=hooks,
+    )
 
 
 def _comparable(history):
@@ -44,8 +51,11 @@ def test_resume_equals_uninterrupted(engine_world, tmp_path):
     assert has_checkpoint(ckpt)
 
     seen = []
-    resumed = _run(engine_world, tmp_path / "resumed", Hooks(on_step=lambda r: seen.append(r["step"]),
-                                                             checkpoint_dir=ckpt))
+    resumed = _run(
+        engine_world,
+        tmp_path / "resumed",
+        Hooks(on_step=lambda r: seen.append(r["step"]), checkpoint_dir=ckpt),
+    )
     assert seen == [4, 5, 6, 7, 8]  # continued after step 3
     assert resumed.status == full.status
     got, want = _comparable(resumed.history), _comparable(full.history)
@@ -66,20 +76,40 @@ def test_resume_equals_uninterrupted(engine_world, tmp_path):
 
 def test_resume_refuses_a_checkpoint_of_another_config(engine_world, tmp_path):
     ckpt = tmp_path / "ckpt"
-    run_unlearning(model=engine_world.model, forget=engine_world.forget, retain=engine_world.retain,
-                   out_dir=tmp_path / "a", overrides=SETTINGS, max_steps=4, hooks=Hooks(checkpoint_dir=ckpt))
+    run_unlearning(
+        model=engine_world.model,
+        forget=engine_world.forget,
+        retain=engine_world.retain,
+        out_dir=tmp_path / "a",
+        overrides=SETTINGS,
+        max_steps=4,
+        hooks=Hooks(checkpoint_dir=ckpt),
+    )
     assert has_checkpoint(ckpt)
     with pytest.raises(ValueError, match="another config"):
-        run_unlearning(model=engine_world.model, forget=engine_world.forget, retain=engine_world.retain,
-                       out_dir=tmp_path / "b", overrides={**SETTINGS, "tau": 0.5}, max_steps=4,
-                       hooks=Hooks(checkpoint_dir=ckpt))
+        run_unlearning(
+            model=engine_world.model,
+            forget=engine_world.forget,
+            retain=engine_world.retain,
+            out_dir=tmp_path / "b",
+            overrides={**SETTINGS, "tau": 0.5},
+            max_steps=4,
+            hooks=Hooks(checkpoint_dir=ckpt),
+        )
 
 
 def test_resume_with_tuple_fields_in_the_config(engine_world, tmp_path):
     ckpt, settings = tmp_path / "ckpt", {**SETTINGS, "lora_target_modules": "q_proj,v_proj"}
-    kwargs = {"model": engine_world.model, "forget": engine_world.forget, "retain": engine_world.retain,
-              "overrides": settings, "max_steps": 4}
+    kwargs = {
+        "model": engine_world.model,
+        "forget": engine_world.forget,
+        "retain": engine_world.retain,
+        "overrides": settings,
+        "max_steps": 4,
+    }
     run_unlearning(out_dir=tmp_path / "a", hooks=Hooks(checkpoint_dir=ckpt), **kwargs)
     seen = []
-    out = run_unlearning(out_dir=tmp_path / "b", hooks=Hooks(checkpoint_dir=ckpt, on_step=seen.append), **kwargs)
+    out = run_unlearning(
+        out_dir=tmp_path / "b", hooks=Hooks(checkpoint_dir=ckpt, on_step=seen.append), **kwargs
+    )
     assert [r["step"] for r in seen] == [4] and len(out.history) == 4

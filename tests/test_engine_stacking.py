@@ -1,5 +1,5 @@
-"""LoRA wiring: only the adapter trains, the base and the stacked adapters stay unchanged (byte-identical files),
-the stack is active underneath the new adapter, and target discovery works beyond Llama."""
+"""LoRA wiring: only the adapter trains, the base and the stacked adapters stay unchanged (byte-identical
+files), the stack is active underneath the new adapter, and target discovery works beyond Llama."""
 
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ FAST = {"eta_in": "0.05", "eta_out": "0.01", "batch_size": "2", "max_length": "6
 
 
 def _digest(directory) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir()) if p.is_file()}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir()) if p.is_file()
+    }
 
 
 def test_default_targets_on_llama_and_discovery_elsewhere():
@@ -48,7 +50,9 @@ def test_only_adapter_weights_train_and_base_weights_do_not_change():
     assert len(trainable) == 2 * 7 * 2  # A and B on 7 projections in 2 layers
     lora_b_before = {n: p.detach().clone() for n, p in task.model.named_parameters() if "lora_B" in n}
     blade.train(task, cfg)
-    changed = [n for n, p in task.model.named_parameters() if "lora_B" in n and not torch.equal(p, lora_b_before[n])]
+    changed = [
+        n for n, p in task.model.named_parameters() if "lora_B" in n and not torch.equal(p, lora_b_before[n])
+    ]
     assert changed
     base_after = task.model.unload().state_dict()
     assert base_after.keys() == base_before.keys()
@@ -56,8 +60,13 @@ def test_only_adapter_weights_train_and_base_weights_do_not_change():
 
 
 def test_stacked_adapters_are_active_frozen_and_byte_identical(engine_world, tmp_path):
-    common = {"model": engine_world.model, "forget": engine_world.forget, "retain": engine_world.retain,
-              "max_steps": 2, "overrides": FAST}
+    common = {
+        "model": engine_world.model,
+        "forget": engine_world.forget,
+        "retain": engine_world.retain,
+        "max_steps": 2,
+        "overrides": FAST,
+    }
     first = run_unlearning(out_dir=tmp_path / "a1", **common).adapter_dir
     before = _digest(first)
     assert set(before) >= {"adapter_config.json", "adapter_model.safetensors", "history.json"}
@@ -87,5 +96,11 @@ def test_stacked_adapters_are_active_frozen_and_byte_identical(engine_world, tmp
 
 def test_missing_adapter_dir_is_a_clear_error(engine_world, tmp_path):
     with pytest.raises(FileNotFoundError, match="not a PEFT adapter directory"):
-        run_unlearning(model=engine_world.model, forget=engine_world.forget, retain=engine_world.retain,
-                       out_dir=tmp_path / "o", adapters=[tmp_path], max_steps=1)
+        run_unlearning(
+            model=engine_world.model,
+            forget=engine_world.forget,
+            retain=engine_world.retain,
+            out_dir=tmp_path / "o",
+            adapters=[tmp_path],
+            max_steps=1,
+        )

@@ -58,7 +58,8 @@ def build_config(settings: Settings) -> dict[str, Any]:
         "task_default_queue": Queue.UNLEARN.value,
         "task_routes": {name: {"queue": queue} for name, queue in ROUTES.items()},
         "task_create_missing_queues": True,
-        "task_soft_time_limit": settings.task_soft_time_limit_s,
+        # The soft limit raises inside the task (it records `failed: time_limit`); the hard one kills it.
+        "task_soft_time_limit": max(1, min(settings.task_soft_time_limit_s, settings.task_time_limit_s - 60)),
         "task_time_limit": settings.task_time_limit_s,
         "task_serializer": "json",
         "result_serializer": "json",
@@ -88,7 +89,11 @@ def build_config(settings: Settings) -> dict[str, Any]:
             "visibility_timeout": settings.task_time_limit_s + VISIBILITY_MARGIN_S,
             "socket_connect_timeout": 4,
         }
-        conf["result_backend_transport_options"] = {"socket_connect_timeout": 4}
+        # Only generate's bounded wait reads results: give up on an unreachable store quickly.
+        conf["result_backend_transport_options"] = {
+            "socket_connect_timeout": 4,
+            "retry_policy": {"max_retries": 2, "interval_start": 0, "interval_step": 0.5, "interval_max": 1},
+        }
     return conf
 
 

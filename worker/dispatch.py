@@ -48,6 +48,7 @@ def enqueue_unlearn(request_id: str, *, countdown: float | None = None) -> bool:
             queue=Queue.UNLEARN.value,
             priority=Priority.NORMAL.value,
             countdown=countdown,
+            ignore_result=True,  # progress and outcome live in the database, not the result backend
         )
     except Exception as exc:  # broker down or misconfigured: the reconciler is the safety net
         log.warning("enqueue.failed", extra={"request_id": str(request_id), "error": repr(exc)})
@@ -58,7 +59,7 @@ def enqueue_unlearn(request_id: str, *, countdown: float | None = None) -> bool:
 def enqueue_reconcile() -> bool:
     """Ask for a reconciliation pass now (same task the periodic schedule sends)."""
     try:
-        _app().send_task(TaskName.RECONCILE.value, queue=Queue.MAINTENANCE.value, expires=60)
+        _app().send_task(TaskName.RECONCILE.value, queue=Queue.MAINTENANCE.value, expires=60, ignore_result=True)
     except Exception as exc:
         log.warning("enqueue.failed", extra={"task": TaskName.RECONCILE.value, "error": repr(exc)})
         return False

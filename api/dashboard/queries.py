@@ -17,6 +17,7 @@ from persistence import audit, base_models, registry, requests
 from persistence.errors import NotFound
 from persistence.models import (
     AdapterVersion,
+    ApiKey,
     AuditEntry,
     BaseModel,
     RequestStatus,
@@ -198,6 +199,7 @@ def request_detail(session: Session, *, tenant_id: str, request_id: str) -> dict
     out["metrics_after"] = r.metrics_after
     out["metric_rows"] = metric_rows(r.metrics_before, r.metrics_after)
     out["events"] = events(session, request_id=r.id)
+    out["queue_position"] = requests.queue_position(session, request=r)
     if r.adapter is not None:
         out["adapter"] = {
             "id": r.adapter.id,
@@ -205,12 +207,15 @@ def request_detail(session: Session, *, tenant_id: str, request_id: str) -> dict
             "state": _status(r.adapter.state),
             "sha256": r.adapter.sha256,
         }
-    out["audit"] = [
-        audit_row(e)
-        for e in session.scalars(
-            select(AuditEntry).where(AuditEntry.subject_id == r.id).order_by(AuditEntry.id)
-        )
-    ]
+    out["audit"] = label_actors(
+        session,
+        [
+            audit_row(e)
+            for e in session.scalars(
+                select(AuditEntry).where(AuditEntry.subject_id == r.id).order_by(AuditEntry.id)
+            )
+        ],
+    )
     return out
 
 
@@ -290,6 +295,7 @@ def model_detail(session: Session, *, tenant_id: str, name: str) -> dict[str, An
             .order_by(AuditEntry.id)
         ):
             history.setdefault(e.subject_id, []).append(audit_row(e))
+        label_actors(session, [row for rows in history.values() for row in rows])
     items, active_below = [], []
     for a in adapters:
         req = a.request
@@ -340,6 +346,18 @@ def headline_metrics(before: dict | None, after: dict | None, limit: int = 5) ->
     return (known or rows)[:limit]
 
 
+def label_actors(session: Session, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Name the API keys behind `key:<id>` actors ("ops admin (key_1a2b…)"); other actors stay as they are."""
+    ids = {r["actor"][4:] for r in rows if r["actor"].startswith("key:")}
+    names = (
+        dict(session.execute(select(ApiKey.id, ApiKey.name).where(ApiKey.id.in_(ids))).all()) if ids else {}
+    )
+    for r in rows:
+        key_id = r["actor"][4:] if r["actor"].startswith("key:") else None
+        r["actor_label"] = f"{names[key_id]} ({key_id[:12]}…)" if key_id in names else r["actor"]
+    return rows
+
+
 def audit_row(e: AuditEntry) -> dict[str, Any]:
     return {
         "id": e.id,
@@ -384,7 +402,7 @@ def audit_page(
     if tenant_id is not None:
         base = base.where(AuditEntry.tenant_id == tenant_id)
     return {
-        "entries": [audit_row(e) for e in rows],
+        "entries": label_actors(session, [audit_row(e) for e in rows]),
         "more": more,
         "next_before": rows[-1].id if more and rows else None,
         "actions": list(session.scalars(base)),

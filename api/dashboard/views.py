@@ -54,9 +54,14 @@ def _ago(value: datetime | float | None) -> str:
     return f"{seconds:.0f} s ago"
 
 
-def _dt(value: datetime | None) -> str:
+def _dt(value: datetime | str | None) -> str:
     if value is None:
         return "—"
+    if isinstance(value, str):  # an ISO 8601 string (the certificate's JSON)
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return value
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 

@@ -11,11 +11,11 @@ Per outer step t (one visible loop in `train`):
   5. collapse guard (L_ret > 10 -> stop, failure), LR calibration, convergence stop (`blade_core.dynamics`).
 epsilon is automatic: the first inner loop (which stands in for step 1's) gives epsilon = eps_mul * mean loss.
 
-Where this departs from the paper, it follows the authors' reference implementation: the clamped entropy counts
-every non-padding token by default (`forget_tokens`), the dual update is asymmetric with a floor, adaptive
-recovery and the calibration/convergence rules are the reference's. Each inner SGD step uses one retain batch
-(no accumulation); the outer step accumulates `grad_accum` forget+retain micro-batches, with the augmented term
-applied per micro-batch.
+Where this departs from the paper, it follows the authors' reference implementation: the clamped entropy
+counts every non-padding token by default (`forget_tokens`), the dual update is asymmetric with a floor,
+adaptive recovery and the calibration/convergence rules are the reference's. Each inner SGD step uses one
+retain batch (no accumulation); the outer step accumulates `grad_accum` forget+retain micro-batches, with the
+augmented term applied per micro-batch.
 """
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ class BladeConfig(MethodConfig):
     eps_mul: float = 0.85  # epsilon = eps_mul x mean first-inner-loop retain loss (paper Table, TOFU)
     epsilon: float | None = None  # fixed epsilon; None = automatic (above)
     clip_norm: float = 1.0  # global gradient-norm clip of inner and outer steps (reference)
-    recovery_factor: int = 3  # adaptive recovery spends at most recovery_factor*K extra inner steps (reference)
+    recovery_factor: int = (
+        3  # adaptive recovery spends at most recovery_factor*K extra inner steps (reference)
+    )
     recovery_threshold: float = 2.0  # recovery runs while L_ret > recovery_threshold*epsilon (reference)
     collapse_loss: float = 10.0  # L_ret above this stops the run as failed (reference)
     calibrate_lr: bool = True  # one-shot eta_out calibration at step max(5, 0.1T) (reference)
@@ -79,13 +81,19 @@ class BladeConfig(MethodConfig):
         if not 0 < self.ema_beta <= 1:
             raise ValueError(f"BladeConfig.ema_beta must be in (0, 1], got {self.ema_beta!r}")
         if self.lambda0 < self.lambda_min:
-            raise ValueError(f"BladeConfig.lambda0 must be >= lambda_min ({self.lambda_min}), got {self.lambda0!r}")
+            raise ValueError(
+                f"BladeConfig.lambda0 must be >= lambda_min ({self.lambda_min}), got {self.lambda0!r}"
+            )
         if self.lambda_max is not None and self.lambda_max < self.lambda_min:
             raise ValueError(f"BladeConfig.lambda_max must be >= lambda_min, got {self.lambda_max!r}")
         if self.epsilon is not None and not self.epsilon > 0:
-            raise ValueError(f"BladeConfig.epsilon must be positive or None (automatic), got {self.epsilon!r}")
+            raise ValueError(
+                f"BladeConfig.epsilon must be positive or None (automatic), got {self.epsilon!r}"
+            )
         if self.forget_tokens not in ("all", "answer"):
-            raise ValueError(f"BladeConfig.forget_tokens must be 'all' or 'answer', got {self.forget_tokens!r}")
+            raise ValueError(
+                f"BladeConfig.forget_tokens must be 'all' or 'answer', got {self.forget_tokens!r}"
+            )
         if self.recovery_factor < 0:
             raise ValueError(f"BladeConfig.recovery_factor must be >= 0, got {self.recovery_factor!r}")
 
@@ -95,13 +103,27 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tofu": {"eta_out": 5e-5, "eps_mul": 0.85, "lora_r": 8, "lora_alpha": 16, "max_steps": 250},
     "tofu_3b": {"eta_out": 5e-5, "eps_mul": 0.85, "lora_r": 16, "lora_alpha": 32, "max_steps": 250},
     "tofu_forget10": {"eta_out": 5e-5, "eps_mul": 0.85, "lora_r": 8, "lora_alpha": 16, "max_steps": 500},
-    "muse": {"eta_out": 3e-5, "eps_mul": 3.2, "lora_r": 16, "lora_alpha": 32, "max_steps": 250, "patience": 20},
-    "knowundo": {"eta_out": 3e-5, "eps_mul": 3.2, "lora_r": 16, "lora_alpha": 32, "max_steps": 150,
-                 "patience": 20},
+    "muse": {
+        "eta_out": 3e-5,
+        "eps_mul": 3.2,
+        "lora_r": 16,
+        "lora_alpha": 32,
+        "max_steps": 250,
+        "patience": 20,
+    },
+    "knowundo": {
+        "eta_out": 3e-5,
+        "eps_mul": 3.2,
+        "lora_r": 16,
+        "lora_alpha": 32,
+        "max_steps": 150,
+        "patience": 20,
+    },
 }
 
 
-# ---------------------------------------------------------------------------------------------- the bilevel loop
+# ------------------------------------------------------------------------------------------ the bilevel loop
+
 
 def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     return {k: v.to(device) for k, v in batch.items()}
@@ -116,9 +138,11 @@ def retain_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], cfg: Bla
     return token_cross_entropy(_logits(model, batch), batch["labels"], chunk=cfg.loss_chunk)
 
 
-def inner_loop(model, retain: BatchStream, opt: torch.optim.Optimizer, cfg: BladeConfig,
-               device: torch.device) -> list[float]:
-    """K steps of theta <- theta - eta_in * clip(grad L_ret(theta; B_k), 1); returns each L_ret before its step."""
+def inner_loop(
+    model, retain: BatchStream, opt: torch.optim.Optimizer, cfg: BladeConfig, device: torch.device
+) -> list[float]:
+    """K steps of theta <- theta - eta_in * clip(grad L_ret(theta; B_k), 1); returns each L_ret before its
+    step."""
     params = [p for g in opt.param_groups for p in g["params"]]
     losses = []
     for _ in range(cfg.inner_steps):
@@ -131,9 +155,17 @@ def inner_loop(model, retain: BatchStream, opt: torch.optim.Optimizer, cfg: Blad
     return losses
 
 
-def outer_step(model, forget: BatchStream, retain: BatchStream, opt: torch.optim.Optimizer, lam: float,
-               epsilon: float, cfg: BladeConfig, device: torch.device) -> dict[str, float]:
-    """One Adam step on L_outer = L_fgt + lambda*r + rho/2*max(0, r)^2, r = L_ret - epsilon (fresh retain batch).
+def outer_step(
+    model,
+    forget: BatchStream,
+    retain: BatchStream,
+    opt: torch.optim.Optimizer,
+    lam: float,
+    epsilon: float,
+    cfg: BladeConfig,
+    device: torch.device,
+) -> dict[str, float]:
+    """One Adam step on L_outer = L_fgt + lambda*r + rho/2*max(0, r)^2, r = L_ret - epsilon (a fresh batch).
 
     The forget and retain parts are back-propagated one after the other (the objective is a sum), so only
     one graph is alive at a time; over `grad_accum` micro-batches the augmented term is taken per micro-batch.
@@ -163,7 +195,8 @@ def outer_step(model, forget: BatchStream, retain: BatchStream, opt: torch.optim
 
 
 def dual_update(lam: float, r: float, cfg: BladeConfig) -> float:
-    """lambda <- lambda + rho*r if r > 0 else lambda + alpha*rho*r; then max(lambda_min, .) and the optional cap."""
+    """lambda <- lambda + rho*r if r > 0 else lambda + alpha*rho*r; then max(lambda_min, .) and the optional
+    cap."""
     lam = lam + cfg.rho * r if r > 0 else lam + cfg.alpha * cfg.rho * r
     lam = max(cfg.lambda_min, lam)
     return min(cfg.lambda_max, lam) if cfg.lambda_max is not None else lam
@@ -175,8 +208,15 @@ def measure_retain(model, retain: BatchStream, cfg: BladeConfig, device: torch.d
     return retain_loss(model, _to(retain.next(), device), cfg).item()
 
 
-def recover(model, retain: BatchStream, opt: torch.optim.Optimizer, l_ret: float, epsilon: float,
-            cfg: BladeConfig, device: torch.device) -> tuple[int, float | None]:
+def recover(
+    model,
+    retain: BatchStream,
+    opt: torch.optim.Optimizer,
+    l_ret: float,
+    epsilon: float,
+    cfg: BladeConfig,
+    device: torch.device,
+) -> tuple[int, float | None]:
     """While L_ret > 2*epsilon and extra < 3K: another inner loop, then re-measure L_ret on a new batch.
 
     Returns (extra inner steps spent, last re-measured L_ret or None when recovery did not run).
@@ -202,8 +242,14 @@ class LoopState:
     history: list[dict[str, Any]]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "lam": self.lam, "epsilon": self.epsilon, "history": self.history,
-                "calibrator": self.calibrator.state_dict(), "monitor": self.monitor.state_dict()}
+        return {
+            "step": self.step,
+            "lam": self.lam,
+            "epsilon": self.epsilon,
+            "history": self.history,
+            "calibrator": self.calibrator.state_dict(),
+            "monitor": self.monitor.state_dict(),
+        }
 
     def load(self, state: dict[str, Any]) -> None:
         self.step, self.lam, self.epsilon = state["step"], state["lam"], state["epsilon"]
@@ -227,15 +273,26 @@ def train(task: UnlearnTask, cfg: BladeConfig) -> RunResult:
     outer_opt = torch.optim.Adam(params, lr=cfg.eta_out)
     forget = BatchStream(task.forget, cfg.batch_size, seed=cfg.seed)
     retain = BatchStream(task.retain, cfg.batch_size, seed=cfg.seed + 1)
-    state = LoopState(step=0, lam=cfg.lambda0, epsilon=cfg.epsilon, calibrator=LrCalibrator(cfg.max_steps),
-                      monitor=ConvergenceMonitor(beta=cfg.ema_beta, patience=cfg.patience), history=[])
-    ckpt_objects = {"model": model, "optimizers": {"inner": inner_opt, "outer": outer_opt},
-                    "streams": {"forget": forget, "retain": retain}}
+    state = LoopState(
+        step=0,
+        lam=cfg.lambda0,
+        epsilon=cfg.epsilon,
+        calibrator=LrCalibrator(cfg.max_steps),
+        monitor=ConvergenceMonitor(beta=cfg.ema_beta, patience=cfg.patience),
+        history=[],
+    )
+    ckpt_objects = {
+        "model": model,
+        "optimizers": {"inner": inner_opt, "outer": outer_opt},
+        "streams": {"forget": forget, "retain": retain},
+    }
     config_key = json.loads(json.dumps({k: v for k, v in asdict(cfg).items() if k != "checkpoint_every"}))
     if has_checkpoint(hooks.checkpoint_dir):
         saved = load_checkpoint(hooks.checkpoint_dir, **ckpt_objects)
         if saved.get("config") != config_key:
-            raise ValueError(f"{hooks.checkpoint_dir}: the checkpoint was written by a run with another config")
+            raise ValueError(
+                f"{hooks.checkpoint_dir}: the checkpoint was written by a run with another config"
+            )
         state.load(saved["loop"])
 
     status: RunStatus = "max_steps"
@@ -252,18 +309,32 @@ def train(task: UnlearnTask, cfg: BladeConfig) -> RunResult:
             state.epsilon = cfg.eps_mul * sum(inner) / len(inner)
         out = outer_step(model, forget, retain, outer_opt, state.lam, state.epsilon, cfg, device)  # (2)
         state.lam = dual_update(state.lam, out["r"], cfg)  # (3) with the r measured before the Adam step
-        extra, l_ret_after = recover(model, retain, inner_opt, out["L_ret"], state.epsilon, cfg, device)  # (4)
+        extra, l_ret_after = recover(
+            model, retain, inner_opt, out["L_ret"], state.epsilon, cfg, device
+        )  # (4)
 
         converged = state.monitor.update(t, out["L_fgt"], out["r"], state.epsilon)
         scale = state.calibrator.update(t, state.monitor.ema, state.monitor.first, out["r"], state.epsilon)
         if cfg.calibrate_lr and scale is not None:
             _set_lr(outer_opt, lr * scale)
         record = {
-            "step": t, "L_fgt": out["L_fgt"], "L_ret": out["L_ret"], "r": out["r"], "lambda": state.lam, "lr": lr,
-            "epsilon": state.epsilon, "inner_loss_mean": sum(inner) / len(inner), "recovery_steps": extra,
-            "L_ret_recovered": l_ret_after, "H_fgt": out["H_fgt"], "lfgt_ema": state.monitor.ema,
-            "vel_ema": state.monitor.vel, "t_trans": state.monitor.t_trans, "converged": converged,
-            "lr_scale": scale if cfg.calibrate_lr else None, "dt": time.perf_counter() - started,
+            "step": t,
+            "L_fgt": out["L_fgt"],
+            "L_ret": out["L_ret"],
+            "r": out["r"],
+            "lambda": state.lam,
+            "lr": lr,
+            "epsilon": state.epsilon,
+            "inner_loss_mean": sum(inner) / len(inner),
+            "recovery_steps": extra,
+            "L_ret_recovered": l_ret_after,
+            "H_fgt": out["H_fgt"],
+            "lfgt_ema": state.monitor.ema,
+            "vel_ema": state.monitor.vel,
+            "t_trans": state.monitor.t_trans,
+            "converged": converged,
+            "lr_scale": scale if cfg.calibrate_lr else None,
+            "dt": time.perf_counter() - started,
         }
         state.history.append(record)
         state.step = t
@@ -271,14 +342,19 @@ def train(task: UnlearnTask, cfg: BladeConfig) -> RunResult:
             hooks.on_step(record)
 
         final_ret = l_ret_after if l_ret_after is not None else out["L_ret"]
-        if not (final_ret <= cfg.collapse_loss and math.isfinite(out["L_fgt"])):  # (5) collapse guard (and NaN)
+        if not (
+            final_ret <= cfg.collapse_loss and math.isfinite(out["L_fgt"])
+        ):  # (5) collapse guard (and NaN)
             status = "collapsed"
-            message = (f"collapsed at step {t}: retain loss {final_ret:.3f} > {cfg.collapse_loss} "
-                       f"(epsilon {state.epsilon:.3f}); lower eta_out or raise rho.")
+            message = (
+                f"collapsed at step {t}: retain loss {final_ret:.3f} > {cfg.collapse_loss} "
+                f"(epsilon {state.epsilon:.3f}); lower eta_out or raise rho."
+            )
             break
         if hooks.checkpoint_dir is not None and t % cfg.checkpoint_every == 0 and t < cfg.max_steps:
-            save_checkpoint(hooks.checkpoint_dir, **ckpt_objects,
-                            state={"config": config_key, "loop": state.to_dict()})
+            save_checkpoint(
+                hooks.checkpoint_dir, **ckpt_objects, state={"config": config_key, "loop": state.to_dict()}
+            )
         if cfg.early_stop and converged:
             status, message = "converged", f"converged at step {t} (T_trans {state.monitor.t_trans})."
             break
@@ -287,5 +363,9 @@ def train(task: UnlearnTask, cfg: BladeConfig) -> RunResult:
     return RunResult(history=state.history, status=status, message=message)
 
 
-METHOD = Method(name="blade", config_class=BladeConfig, train=train,
-                summary="Bilevel LoRA unlearning: clamped-entropy forget loss, augmented-Lagrangian retain constraint")
+METHOD = Method(
+    name="blade",
+    config_class=BladeConfig,
+    train=train,
+    summary="Bilevel LoRA unlearning: clamped-entropy forget loss, augmented-Lagrangian retain constraint",
+)

@@ -5,6 +5,7 @@
   const rid = initial.id;
   const COLORS = { L_fgt: "#1f6feb", L_ret: "#1a7f4b", epsilon: "#9a6700", lambda: "#7446c8", ttrans: "#7446c8" };
   const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+  const STEP_INCRS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 5000, 10000];  // whole steps only
   let events = normalise(initial.events || []);
   let status = initial.status;
   let charts = null;
@@ -78,32 +79,44 @@
     const width = Math.max(320, lossesEl.clientWidth);
     const cols = columns(events);
     const sync = uPlot.sync("dynamics");
+    const fmtAxis = (u, vals) => vals.map((v) => Blade.fmt(v, 3));
     const common = {
       width,
       cursor: { sync: { key: sync.key }, drag: { x: true, y: false } },
-      scales: { x: { time: false } },
+      legend: { live: false },
       plugins: [ttransPlugin()],
     };
+    // L_ret and its budget epsilon share the left axis; L_fgt (often on another scale) has the right one.
     const losses = new uPlot(Object.assign({}, common, {
       height: 270,
       title: "Losses",
+      scales: { x: { time: false }, ret: {}, fgt: {} },
       series: [
         { label: "step" },
-        { label: "L_fgt", stroke: COLORS.L_fgt, width: 1.75, value: (u, v) => Blade.fmt(v) },
-        { label: "L_ret", stroke: COLORS.L_ret, width: 1.75, value: (u, v) => Blade.fmt(v) },
-        { label: "ε", stroke: COLORS.epsilon, width: 1.5, dash: [8, 5], points: { show: false },
-          value: (u, v) => Blade.fmt(v) },
+        { label: "L_fgt (right axis)", scale: "fgt", stroke: COLORS.L_fgt, width: 1.75 },
+        { label: "L_ret", scale: "ret", stroke: COLORS.L_ret, width: 1.75 },
+        { label: "ε", scale: "ret", stroke: COLORS.epsilon, width: 1.5, dash: [8, 5], points: { show: false } },
       ],
-      axes: [{ label: "outer step" }, { label: "loss", size: 56 }],
+      axes: [
+        { label: "outer step", incrs: STEP_INCRS },
+        { scale: "ret", label: "L_ret, ε", size: 60, values: fmtAxis },
+        { scale: "fgt", label: "L_fgt", side: 1, size: 60, values: fmtAxis, grid: { show: false } },
+      ],
     }), cols.losses, lossesEl);
+    // Same plot width as the losses chart (an empty right axis), so the two x axes line up.
     const lambda = new uPlot(Object.assign({}, common, {
       height: 180,
       title: "Dual variable λ",
+      scales: { x: { time: false } },
       series: [
         { label: "step" },
-        { label: "λ", stroke: COLORS.lambda, width: 1.75, fill: "rgba(116,70,200,0.08)", value: (u, v) => Blade.fmt(v) },
+        { label: "λ", stroke: COLORS.lambda, width: 1.75, fill: "rgba(116,70,200,0.08)" },
       ],
-      axes: [{ label: "outer step" }, { label: "λ", size: 56 }],
+      axes: [
+        { label: "outer step", incrs: STEP_INCRS },
+        { label: "λ", size: 60, values: fmtAxis },
+        { side: 1, size: 60, values: (u, vals) => vals.map(() => ""), grid: { show: false }, ticks: { show: false } },
+      ],
     }), cols.lambda, lambdaEl);
     sync.sub(losses);
     sync.sub(lambda);
@@ -137,6 +150,14 @@
     document.getElementById("chart-losses").dataset.points = String(events.length);
   }
 
+  function isoTime(v) { return v ? new Date(v).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC") : "—"; }
+
+  function elapsed(startIso, endIso) {
+    if (!startIso) return "—";
+    const s = Math.max(0, ((endIso ? new Date(endIso) : new Date()) - new Date(startIso)) / 1000);
+    return s < 90 ? `${Math.round(s)} s` : s < 5400 ? `${(s / 60).toFixed(1)} min` : `${(s / 3600).toFixed(1)} h`;
+  }
+
   function showStatus(d) {
     const st = d.status || d.state;
     const p = (typeof d.progress === "object" && d.progress) || {};
@@ -149,20 +170,35 @@
     document.getElementById("progress-text").textContent = total ? `step ${step} of ${total}` : `step ${step}`;
     const badge = document.querySelector("#status-badge .badge");
     if (badge) { badge.className = "badge " + st; badge.textContent = st; }
+    if (d.started_at !== undefined) {
+      document.getElementById("meta-started").textContent = isoTime(d.started_at);
+      document.getElementById("meta-elapsed").textContent = elapsed(d.started_at, d.finished_at);
+    }
+    if (num(d.attempts) !== null) document.getElementById("meta-attempts").textContent = d.attempts;
+    const queue = document.getElementById("meta-queue");
+    if (queue && !d.queue_position) queue.remove();
+    const cancelBtn = document.getElementById("cancel-btn");
+    if (cancelBtn) {
+      if (TERMINAL.has(st)) cancelBtn.remove();
+      else if (st === "cancelling") { cancelBtn.disabled = true; cancelBtn.textContent = "Cancelling…"; }
+    }
     return st;
   }
 
+  // Only the steps after the last one shown; every 30th poll takes them all (a resumed run re-sends steps).
+  let polls = 0;
   async function poll() {
     try {
+      const after = polls++ % 30 === 0 || !events.length ? "" : `?after_step=${events[events.length - 1].step}`;
       const [req, ev] = await Promise.all([
         Blade.api("GET", `/unlearn-requests/${rid}`),
-        Blade.api("GET", `/unlearn-requests/${rid}/events`),
+        Blade.api("GET", `/unlearn-requests/${rid}/events${after}`),
       ]);
       const list = Array.isArray(ev) ? ev : (ev.events || ev.items || ev.records || ev.history || []);
-      events = normalise(list);
+      events = normalise(after ? events.concat(list) : list);
       redraw();
       const st = showStatus(req);
-      if (TERMINAL.has(st) && !TERMINAL.has(status)) { setTimeout(() => location.reload(), 800); return; }
+      if (TERMINAL.has(st) && !TERMINAL.has(status)) { setTimeout(() => location.reload(), 600); return; }
       status = st;
     } catch (err) {
       if (err.status === 401) { location.href = "/dashboard/login?next=" + encodeURIComponent(location.pathname); return; }

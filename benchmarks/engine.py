@@ -1,0 +1,311 @@
+"""Engine benchmark (not a test): cost of a BLADE outer step vs a full-parameter GradDiff step on the same
+model, and peak memory of the chunked vs the naive clamped entropy at vocabulary 128k, sequence 1024, batch 1.
+
+    .venv/bin/python benchmarks/engine.py                # defaults below; --help for sizes
+    .venv/bin/python benchmarks/engine.py --device cuda  # CUDA peak allocated memory instead of RSS
+
+Every measurement runs in a fresh subprocess. On the CPU, peak memory is the process's peak RSS (ru_maxrss)
+minus its RSS once the model and data are built, so gradients, optimiser state and activations count: the
+memory training needs beyond the weights; on CUDA it is `max_memory_allocated` minus the allocation at that
+point. Time per step is the mean over the measured steps after one warm-up step. A BLADE outer step here is
+K inner SGD steps + the outer Adam step + the dual update (adaptive recovery, which can add up to 3K inner
+steps, is off so both methods do a fixed amount of work); the GradDiff step is the OpenUnlearning one:
+-CE(forget) + CE(retain), AdamW on every weight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+# ------------------------------------------------------------------------------------------------ measuring
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+class Meter:
+    """Peak extra memory (MiB) and wall time of the work between start() and stop()."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated() / 2**20
+        else:
+            self.base = _rss_mb()
+        self.t0 = time.perf_counter()
+
+    def stop(self) -> dict[str, float]:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() / 2**20
+        else:
+            peak = _peak_rss_mb()
+        return {
+            "seconds": time.perf_counter() - self.t0,
+            "peak_extra_mb": peak - self.base,
+            "base_mb": self.base,
+        }
+
+
+# ------------------------------------------------------------------------------------------------ workloads
+
+
+def _model_and_data(args: argparse.Namespace, device: torch.device):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.heads,
+        intermediate_size=args.hidden * 8 // 3,
+        max_position_embeddings=args.seq,
+        tie_word_embeddings=True,
+    )
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = LlamaForCausalLM(config).to(device=device, dtype=dtype)
+    if device.type == "cuda":
+        model.config.use_cache = False
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    n_rows = args.batch * 8
+    ids = torch.randint(3, args.vocab, (n_rows, args.seq))
+    rows = [ids[i].tolist() for i in range(n_rows)]
+    labels = [[-100] * (args.seq // 2) + r[args.seq // 2 :] for r in rows]  # prompt = first half
+    return model, rows, labels
+
+
+def _dataset(rows, labels):
+    from blade_core.data import TokenizedDataset
+
+    return TokenizedDataset(input_ids=rows, labels=labels, kind="qa", pad_id=0, source="<bench>")
+
+
+def _timed(step, args: argparse.Namespace, device: torch.device, trainable: int) -> dict[str, float]:
+    """Memory from before the first step (so gradients and optimiser state count); time after one warm-up
+    step."""
+    meter = Meter(device)
+    meter.start()
+    step()  # warm-up: allocates gradients and the optimiser state
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    result = meter.stop()
+    result["seconds"] = time.perf_counter() - t0
+    result["trainable_params"] = trainable
+    return result
+
+
+def work_blade(args: argparse.Namespace, device: torch.device) -> dict[str, float]:
+    from blade_core import lora
+    from blade_core.data import BatchStream
+    from blade_core.methods import blade
+
+    model, rows, labels = _model_and_data(args, device)
+    cfg = blade.BladeConfig(batch_size=args.batch, max_length=args.seq, recovery_factor=0)
+    model = lora.attach_adapter(model, cfg)
+    model.train()
+    params = lora.trainable_parameters(model)
+    inner_opt = torch.optim.SGD(params, lr=cfg.eta_in)
+    outer_opt = torch.optim.Adam(params, lr=cfg.eta_out)
+    forget = BatchStream(_dataset(rows, labels), args.batch, seed=0)
+    retain = BatchStream(_dataset(rows, labels), args.batch, seed=1)
+    lam, eps = cfg.lambda0, None
+
+    def step() -> None:
+        nonlocal lam, eps
+        inner = blade.inner_loop(model, retain, inner_opt, cfg, device)
+        eps = eps if eps is not None else cfg.eps_mul * sum(inner) / len(inner)
+        out = blade.outer_step(model, forget, retain, outer_opt, lam, eps, cfg, device)
+        lam = blade.dual_update(lam, out["r"], cfg)
+
+    return _timed(step, args, device, sum(p.numel() for p in params))
+
+
+def work_grad_diff(args: argparse.Namespace, device: torch.device) -> dict[str, float]:
+    from blade_core.data import BatchStream
+    from blade_core.losses import token_cross_entropy
+
+    model, rows, labels = _model_and_data(args, device)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01)
+    forget = BatchStream(_dataset(rows, labels), args.batch, seed=0)
+    retain = BatchStream(_dataset(rows, labels), args.batch, seed=1)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        for stream, sign in ((forget, -1.0), (retain, 1.0)):
+            b = {k: v.to(device) for k, v in stream.next().items()}
+            logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+            (sign * token_cross_entropy(logits, b["labels"])).backward()
+            del logits
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    return _timed(step, args, device, sum(p.numel() for p in model.parameters()))
+
+
+def _entropy_inputs(args: argparse.Namespace, device: torch.device):
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if args.entropy_dtype == "bf16" else torch.float32
+    logits = (
+        (torch.randn(1, args.entropy_seq, args.entropy_vocab, device=device) * 3).to(dtype).requires_grad_()
+    )
+    mask = torch.ones(1, args.entropy_seq, device=device)
+    return logits, mask
+
+
+def _entropy_work(args, device, fn) -> dict[str, float]:
+    logits, mask = _entropy_inputs(args, device)
+    meter = Meter(device)
+    meter.start()
+    loss = fn(logits, mask)
+    loss.backward()
+    result = meter.stop()
+    result["loss"] = loss.item()
+    result["logits_mb"] = logits.numel() * logits.element_size() / 2**20
+    return result
+
+
+def work_entropy_chunked(args, device):
+    from blade_core.losses import clamped_entropy_loss
+
+    return _entropy_work(args, device, lambda z, m: clamped_entropy_loss(z, m, 0.7, chunk=args.chunk))
+
+
+def work_entropy_naive(args, device):
+    from blade_core.losses import clamped_entropy_loss_naive
+
+    return _entropy_work(args, device, lambda z, m: clamped_entropy_loss_naive(z, m, 0.7))
+
+
+WORKS = {
+    "blade": work_blade,
+    "grad_diff": work_grad_diff,
+    "entropy_chunked": work_entropy_chunked,
+    "entropy_naive": work_entropy_naive,
+}
+
+
+# ------------------------------------------------------------------------------------------------ driver
+
+
+def _measure(name: str, argv: list[str]) -> dict[str, float]:
+    proc = subprocess.run(
+        [sys.executable, __file__, "--work", name, *argv],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--steps", type=int, default=3, help="measured steps (after one warm-up step)")
+    p.add_argument("--entropy-vocab", type=int, default=128_256)
+    p.add_argument("--entropy-seq", type=int, default=1024)
+    p.add_argument("--entropy-dtype", choices=("bf16", "fp32"), default="fp32")
+    p.add_argument("--chunk", type=int, default=256)
+    p.add_argument("--skip-steps", action="store_true", help="only the entropy comparison")
+    p.add_argument("--skip-entropy", action="store_true", help="only the step comparison")
+    p.add_argument("--json", type=Path, help="also write the figures here")
+    p.add_argument("--work", choices=sorted(WORKS), help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if args.work:
+        print(json.dumps(WORKS[args.work](args, device)))
+        return 0
+
+    passthrough = [a for a in argv if a not in ("--skip-steps", "--skip-entropy")]
+    figures: dict[str, dict[str, float]] = {}
+    print(
+        f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+    if not args.skip_steps:
+        print(
+            f"model: Llama hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}; "
+            f"batch {args.batch} x seq {args.seq}; {args.steps} measured steps each"
+        )
+        for name in ("blade", "grad_diff"):
+            figures[name] = r = _measure(name, passthrough)
+            print(
+                f"  {name:<10} {r['seconds'] / args.steps:7.2f} s/step   "
+                f"peak extra {r['peak_extra_mb']:8.1f} MiB   trainable {r['trainable_params'] / 1e6:.2f} M"
+            )
+        b, g = figures["blade"], figures["grad_diff"]
+        print(
+            f"  BLADE / GradDiff: time per step x{b['seconds'] / g['seconds']:.2f}, "
+            f"peak extra memory x{b['peak_extra_mb'] / g['peak_extra_mb']:.2f}"
+        )
+    if not args.skip_entropy:
+        print(
+            f"clamped entropy, batch 1 x seq {args.entropy_seq} x vocab {args.entropy_vocab} "
+            f"({args.entropy_dtype} logits), forward + backward, chunk {args.chunk}:"
+        )
+        for name in ("entropy_chunked", "entropy_naive"):
+            figures[name] = r = _measure(name, passthrough)
+            r["beyond_grad_mb"] = r["peak_extra_mb"] - r["logits_mb"]
+            print(
+                f"  {name:<16} peak extra {r['peak_extra_mb']:8.1f} MiB, of which beyond the "
+                f"(B,T,V) gradient every method returns: {r['beyond_grad_mb']:8.1f} MiB   "
+                f"{r['seconds']:6.2f} s   "
+                f"(logits {r['logits_mb']:.0f} MiB, loss {r['loss']:.4f})"
+            )
+        c, n = figures["entropy_chunked"], figures["entropy_naive"]
+        print(
+            "  naive / chunked: peak extra memory "
+            f"x{n['peak_extra_mb'] / max(c['peak_extra_mb'], 1e-9):.1f}, "
+            f"beyond the gradient x{n['beyond_grad_mb'] / max(c['beyond_grad_mb'], 1e-9):.1f}; "
+            f"time x{n['seconds'] / c['seconds']:.2f}"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

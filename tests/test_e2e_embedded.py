@@ -1,0 +1,111 @@
+"""`blade up` end to end: the embedded default (SQLite, the server-less SQL broker, artifacts on local disk,
+one real Celery worker process) serves requests through HTTP, and Ctrl-C stops everything.
+
+The tiny test model stands in for the demo model (`--demo-model`), so the test never builds the real one.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures_worker import ROOT, forget_rows, free_port, jsonl, retain_rows, stop_process, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+QUICK = {"max_steps": 3, "early_stop": False, "inner_steps": 1, "max_length": 64, "batch_size": 4}
+
+
+def _demo_data(directory: Path) -> Path:
+    """A minimal TOFU-format dir with the two files the printed example uploads."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "forget01_perturbed.json").write_text(json.dumps(forget_rows(4)))
+    (directory / "retain99.json").write_text(json.dumps(retain_rows(6)))
+    return directory
+
+
+def test_blade_up_serves_a_request_end_to_end(tiny_model_dir, tmp_path):
+    pytest.importorskip("torch")
+    from client import BladeClient
+
+    port = free_port()
+    key = "blade_up_test_key_0123456789"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BLADE_")}
+    env.update({"BLADE_BOOTSTRAP_ADMIN_KEY": key, "BLADE_DEVICE": "cpu", "BLADE_HEARTBEAT_SECONDS": "1",
+                "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+    data_dir = tmp_path / "var"
+    demo = _demo_data(tmp_path / "demo-data")
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "up", "--port", str(port), "--data-dir",
+                             str(data_dir), "--demo-model", str(tiny_model_dir), "--demo-data", str(demo)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    output: list[str] = []
+    reader = threading.Thread(target=lambda: output.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"blade up exited ({proc.returncode}):\n{''.join(output)[-4000:]}")
+            return any("Ctrl-C stops everything" in line for line in output)
+
+        wait_until(ready, 180, 0.3, "blade up to print its banner")
+        banner = "".join(output)
+        assert f"BLADE service ready at {url}" in banner
+        assert "demo-tiny" in banner and "BLADE_BOOTSTRAP_ADMIN_KEY" in banner
+        # Everything embedded: SQLite database, SQL broker, local artifacts, all under the data dir.
+        assert (data_dir / "blade.db").is_file() and (data_dir / "broker.db").is_file()
+
+        # The printed first request is ready to paste: run its upload + submit lines in a shell.
+        script = banner.split("A first request (paste into a shell):", 1)[1].split("Logs:", 1)[0]
+        lines = [ln for ln in script.strip().splitlines() if ln.strip()]
+        submit_lines = [ln for ln in lines if not ln.startswith("curl ")]
+        shell = subprocess.run(["bash", "-euc", "\n".join([*submit_lines, 'echo "REQ=$REQ"'])],
+                               env={**env, "BLADE_BOOTSTRAP_ADMIN_KEY": key}, capture_output=True, text=True,
+                               timeout=60)
+        assert shell.returncode == 0, shell.stderr
+        pasted = re.search(r"REQ=(req_[0-9a-f]+)", shell.stdout).group(1)
+
+        with BladeClient(url, api_key=key, timeout=60) as c:
+            assert [m["name"] for m in c.base_models()] == ["demo-tiny"]
+            assert c.status(pasted)["status"] in ("queued", "running", "evaluating", "succeeded")
+            # The pasted request uses the default step budget: cancel it, then run a quick one.
+            c.cancel(pasted)
+            assert c.wait(pasted, timeout=120, interval=0.3)["status"] in ("cancelled", "succeeded")
+
+            forget = c.upload_dataset(io.BytesIO(jsonl(forget_rows(4))), filename="forget.jsonl")
+            retain = c.upload_dataset(io.BytesIO(jsonl(retain_rows(6))), filename="retain.jsonl")
+            req = c.submit("demo-tiny", forget["id"], retain["id"], params=QUICK)
+            done = c.wait(req["id"], timeout=150, interval=0.3)
+            assert done["status"] == "succeeded", done
+            assert [e["step"] for e in c.events(req["id"])] == [1, 2, 3]
+            stack = c.adapters("demo-tiny")
+            assert stack[-1]["id"] == done["adapter_id"] and stack[-1]["state"] == "active"
+            out = c.generate("demo-tiny", "Where was Ada Alder born?", max_new_tokens=4)
+            assert out["stack"] == [a["id"] for a in stack if a["state"] == "active"]
+
+        # Ctrl-C: everything stops, cleanly.
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=60) == 0, "".join(output)[-3000:]
+        deadline = time.monotonic() + 10
+        import socket
+
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) != 0:
+                    break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the API still listens after Ctrl-C")
+    finally:
+        stop_process(proc, signal.SIGINT, timeout=30)

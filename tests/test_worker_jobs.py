@@ -1,0 +1,229 @@
+"""The worker's state machine on the real PostgreSQL: claiming under a lease, serialisation per base model,
+crash takeover, the crash-loop guard, progress events and what the reconciler re-enqueues.
+
+Calls `persistence.jobs` directly (no Celery, no torch).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select
+
+from persistence import jobs
+from persistence.db import session_scope
+from persistence.models import (
+    BaseModel,
+    Dataset,
+    RequestStatus,
+    Tenant,
+    TrainingEvent,
+    UnlearnRequest,
+    utcnow,
+)
+
+pytestmark = pytest.mark.services
+
+LEASE = 30
+
+
+@pytest.fixture
+def make_request(worker_settings):
+    """make_request(base_model_id=None) -> request id: a queued request on a (new or given) base model."""
+    with session_scope(worker_settings) as s:
+        tenant = Tenant(name=f"jobs-{uuid.uuid4().hex[:8]}")
+        s.add(tenant)
+        s.flush()
+        ds = Dataset(tenant_id=tenant.id, name="d.jsonl", sha256="0" * 64, rows=1, format="jsonl", kind="qa",
+                     size_bytes=1, storage_key="datasets/x/d.jsonl")
+        s.add(ds)
+        s.flush()
+        tenant_id, ds_id = tenant.id, ds.id
+
+    def make(base_model_id: str | None = None) -> str:
+        with session_scope(worker_settings) as s:
+            if base_model_id is None:
+                bm = BaseModel(name=f"bm-{uuid.uuid4().hex[:8]}", source="/nowhere")
+                s.add(bm)
+                s.flush()
+                base_model_id = bm.id
+            seq = (s.scalar(select(UnlearnRequest.queue_seq).where(UnlearnRequest.base_model_id == base_model_id)
+                            .order_by(UnlearnRequest.queue_seq.desc()).limit(1)) or 0) + 1
+            req = UnlearnRequest(tenant_id=tenant_id, base_model_id=base_model_id, forget_dataset_id=ds_id,
+                                 retain_dataset_id=ds_id, method="blade", params={}, request_fingerprint="f" * 64,
+                                 queue_seq=seq)
+            s.add(req)
+            s.flush()
+            return req.id
+
+    return make
+
+
+def _claim(settings, request_id: str, owner: str, max_attempts: int = 5) -> jobs.Claim:
+    with session_scope(settings) as s:
+        return jobs.claim_request(s, request_id=request_id, owner=owner, lease_seconds=LEASE,
+                                  max_attempts=max_attempts)
+
+
+def _get(settings, request_id: str) -> UnlearnRequest:
+    with session_scope(settings) as s:
+        return jobs.get_request(s, request_id=request_id)
+
+
+def _base(settings, request_id: str) -> str:
+    return _get(settings, request_id).base_model_id
+
+
+def test_claim_takes_the_lease_once(worker_settings, make_request):
+    rid = make_request()
+    first = _claim(worker_settings, rid, "w1")
+    assert first.claimed and first.attempt == 1 and not first.resumed
+    req = _get(worker_settings, rid)
+    assert req.status == RequestStatus.RUNNING and req.lease_owner == "w1" and req.started_at is not None
+    assert _claim(worker_settings, rid, "w2").outcome is jobs.ClaimOutcome.BUSY
+    with session_scope(worker_settings) as s:
+        state = jobs.renew_lease(s, request_id=rid, owner="w1", lease_seconds=LEASE)
+    assert state.owned and not state.cancel_requested
+
+
+def test_concurrent_claims_have_one_winner(worker_settings, make_request):
+    rid = make_request()
+    outcomes: list[jobs.ClaimOutcome] = []
+    barrier = threading.Barrier(4)
+
+    def claim(owner: str) -> None:
+        barrier.wait()
+        outcomes.append(_claim(worker_settings, rid, owner).outcome)
+
+    threads = [threading.Thread(target=claim, args=(f"racer{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert outcomes.count(jobs.ClaimOutcome.CLAIMED) == 1
+    assert _get(worker_settings, rid).attempts == 1
+
+
+def test_expired_lease_is_taken_over_and_the_old_owner_is_locked_out(worker_settings, make_request):
+    rid = make_request()
+    assert _claim(worker_settings, rid, "dead-worker").claimed
+    with session_scope(worker_settings) as s:
+        jobs.expire_lease_now(s, request_id=rid)
+    second = _claim(worker_settings, rid, "new-worker")
+    assert second.claimed and second.attempt == 2 and second.resumed
+    with session_scope(worker_settings) as s:
+        assert not jobs.renew_lease(s, request_id=rid, owner="dead-worker", lease_seconds=LEASE).owned
+    with pytest.raises(jobs.LeaseLost), session_scope(worker_settings) as s:
+        jobs.record_step(s, request_id=rid, owner="dead-worker", record={"step": 1})
+
+
+def test_requests_of_one_base_model_run_in_submission_order(worker_settings, make_request):
+    r1 = make_request()
+    r2 = make_request(_base(worker_settings, r1))
+    other = make_request()  # another base model: not held back
+    waiting = _claim(worker_settings, r2, "w")
+    assert waiting.outcome is jobs.ClaimOutcome.WAITING and waiting.blocked_by == r1
+    assert _get(worker_settings, r2).status == RequestStatus.QUEUED
+    assert _claim(worker_settings, other, "w-other").claimed
+    assert _claim(worker_settings, r1, "w1").claimed
+    with session_scope(worker_settings) as s:
+        assert jobs.next_in_line(s, base_model_id=_base(worker_settings, r1)) == r1
+        assert jobs.mark_failed(s, request_id=r1, owner="w1", code="boom", message="test failure")
+    failed = _get(worker_settings, r1)
+    assert failed.status == RequestStatus.FAILED and failed.error_code == "boom" and failed.lease_owner is None
+    assert _claim(worker_settings, r2, "w2").claimed
+
+
+def test_terminal_requests_never_change(worker_settings, make_request):
+    rid = make_request()
+    assert _claim(worker_settings, rid, "w").claimed
+    with session_scope(worker_settings) as s:
+        jobs.mark_cancelled(s, request_id=rid, owner="w")
+    assert _claim(worker_settings, rid, "w2").outcome is jobs.ClaimOutcome.TERMINAL
+    with session_scope(worker_settings) as s:
+        assert not jobs.mark_failed(s, request_id=rid, code="late", message="too late")
+    assert _get(worker_settings, rid).status == RequestStatus.CANCELLED
+
+
+def test_cancel_of_a_request_whose_worker_died_completes_on_redelivery(worker_settings, make_request):
+    rid = make_request()
+    assert _claim(worker_settings, rid, "w").claimed
+    with session_scope(worker_settings) as s:
+        req = jobs.get_request(s, request_id=rid)
+        req.status, req.cancel_requested_at = RequestStatus.CANCELLING, utcnow()
+        jobs.expire_lease_now(s, request_id=rid)
+    claim = _claim(worker_settings, rid, "w2")
+    assert claim.outcome is jobs.ClaimOutcome.CANCELLED
+    assert _get(worker_settings, rid).status == RequestStatus.CANCELLED
+
+
+def test_a_crash_loop_ends_as_failed(worker_settings, make_request):
+    rid = make_request()
+    for i in range(2):
+        assert _claim(worker_settings, rid, f"w{i}", max_attempts=2).claimed
+        with session_scope(worker_settings) as s:
+            jobs.expire_lease_now(s, request_id=rid)
+    claim = _claim(worker_settings, rid, "w-last", max_attempts=2)
+    assert claim.outcome is jobs.ClaimOutcome.EXHAUSTED
+    req = _get(worker_settings, rid)
+    assert req.status == RequestStatus.FAILED and req.error_code == "too_many_attempts"
+    assert "2 times" in req.error_message
+
+
+def test_step_events_are_upserted_and_trimmed_on_resume(worker_settings, make_request):
+    rid = make_request()
+    assert _claim(worker_settings, rid, "w").claimed
+    with session_scope(worker_settings) as s:
+        for step in (1, 2, 3, 4):
+            jobs.record_step(s, request_id=rid, owner="w", record={"step": step, "L_fgt": 1.0 / step,
+                                                                   "nan": float("nan")}, total_steps=10)
+    with session_scope(worker_settings) as s:
+        assert jobs.drop_steps_after(s, request_id=rid, step=2) == 2
+        jobs.record_step(s, request_id=rid, owner="w", record={"step": 3, "L_fgt": 9.0, "resumed_from": 2})
+    with session_scope(worker_settings) as s:
+        events = list(s.scalars(select(TrainingEvent).where(TrainingEvent.request_id == rid)
+                                .order_by(TrainingEvent.step)))
+        assert [e.step for e in events] == [1, 2, 3]
+        assert events[2].record == {"step": 3, "L_fgt": 9.0, "resumed_from": 2}
+        assert events[0].record["nan"] is None  # JSON-safe
+        assert jobs.last_step(s, request_id=rid) == 3
+    req = _get(worker_settings, rid)
+    assert req.step == 3 and req.total_steps == 10
+
+
+def test_reconciler_candidates(worker_settings, make_request):
+    never_sent = make_request()
+    behind = make_request(_base(worker_settings, never_sent))  # not the head of its queue: never a candidate
+    sent = make_request()
+    crashed = make_request()
+    alive = make_request()
+    with session_scope(worker_settings) as s:
+        jobs.mark_enqueued(s, request_ids=[sent, behind, crashed, alive])
+    assert _claim(worker_settings, crashed, "dead").claimed
+    assert _claim(worker_settings, alive, "alive").claimed
+    with session_scope(worker_settings) as s:
+        jobs.expire_lease_now(s, request_id=crashed)
+        found = set(jobs.reconcile_candidates(s, requeue_after_s=300))
+    assert never_sent in found and crashed in found
+    assert not found & {behind, sent, alive}
+    # A queued head whose message is older than the threshold is sent again.
+    with session_scope(worker_settings) as s:
+        later = jobs.reconcile_candidates(s, now=utcnow() + timedelta(seconds=301), requeue_after_s=300)
+    assert sent in later
+
+
+def test_worker_heartbeat_rows(worker_settings):
+    name = f"hb-{uuid.uuid4().hex[:6]}@test"
+    with session_scope(worker_settings) as s:
+        jobs.beat_worker(s, worker_name=name, queues=["unlearn"], hostname="h", pid=1, info={"device": "cpu"})
+    with session_scope(worker_settings) as s:
+        jobs.beat_worker(s, worker_name=name, current_request_id="req_x", alive=True)
+        jobs.beat_worker(s, worker_name=name, alive=False)
+    from persistence.models import WorkerHeartbeat
+
+    with session_scope(worker_settings) as s:
+        row = s.get(WorkerHeartbeat, name)
+        assert row.queues == ["unlearn"] and row.info == {"device": "cpu"} and row.alive is False
