@@ -145,3 +145,18 @@ def test_cli_unlearn_bad_dataset_names_file_and_line(engine_world, tmp_path, cap
     )
     assert code != 0
     assert "bad.jsonl, line 2: field 'answer': missing" in capsys.readouterr().err
+
+
+def test_use_lora_false_writes_a_full_model_and_says_so(engine_world, tmp_path):
+    out = run_unlearning(
+        model=engine_world.model,
+        forget=engine_world.forget,
+        retain=engine_world.retain,
+        out_dir=tmp_path / "full",
+        overrides={**TINY, "use_lora": "false"},
+        max_steps=1,
+    )
+    assert out.full_model and "full model dir" in out.message
+    names = {p.name for p in out.adapter_dir.iterdir()}
+    assert {"config.json", "model.safetensors", "history.json"} <= names
+    assert "adapter_config.json" not in names
