@@ -232,6 +232,7 @@ def run_scenario(browser, site, shots, problems: list[str], pages: list[Any]) ->
     # The model page: v1 and v2 (on top of v1); disable v1 with a reason and a confirmation.
     wait_until(lambda: api_status(site, second)["status"] == "succeeded", 150, 0.5, "the second request")
     timer.mark("second request succeeded")
+    third = submit(site, LONG, "DSR-1043")  # cancelled at the end
     page.goto(f"/dashboard/models/{site['model']}")
     v1, v2 = page.locator("li[data-version='1']"), page.locator("li[data-version='2']")
     assert v1.get_attribute("data-state") == "active" and v2.get_attribute("data-state") == "active"
@@ -292,10 +293,8 @@ def run_scenario(browser, site, shots, problems: list[str], pages: list[Any]) ->
     reader.goto(f"/dashboard/requests/{first}")
     assert reader.locator("#cancel-btn").count() == 0
 
-    # Cancel: a long request, stopped from its page.
-    third = submit(site, LONG, "DSR-1043")
+    # Cancel: a long request (submitted above), stopped from its page, queued or running by now.
     page.goto(f"/dashboard/requests/{third}")
-    page.wait_for_function(f"{POINTS} >= 1", timeout=120_000)
     with page.expect_navigation(timeout=60_000):  # the page reloads once the request is cancelled
         page.click("#cancel-btn")
     page.wait_for_selector(".notice.warn")
@@ -303,5 +302,9 @@ def run_scenario(browser, site, shots, problems: list[str], pages: list[Any]) ->
     assert page.locator("#status-badge .badge.cancelled").count() == 1
     shots(page, "11-request-cancelled")
     timer.mark("third request cancelled")
+
+    page.goto("/dashboard/requests")
+    assert page.locator("#requests tbody tr").count() == 3
+    shots(page, "12-requests")
 
     assert not problems, problems

@@ -313,6 +313,7 @@ def model_detail(session: Session, *, tenant_id: str, name: str) -> dict[str, An
                 "request_id": a.request_id,
                 "request_visible": mine,
                 "headline": headline_metrics(req.metrics_before, req.metrics_after) if mine else [],
+                "parent_ids": parent,
                 "parent_versions": [versions.get(p, p) for p in parent],
                 "stale": stale[a.id],
                 # how the active stack below differs from the one it was trained on
@@ -326,6 +327,8 @@ def model_detail(session: Session, *, tenant_id: str, name: str) -> dict[str, An
         )
         if _status(a.state) == "active":
             active_below.append(a.id)
+    for item in items:  # the versions trained on top of each one (what a disable would flag)
+        item["dependents"] = [other["version"] for other in items if item["id"] in other["parent_ids"]]
     return {
         "name": model.name,
         "source": model.source,

@@ -10,7 +10,8 @@
   document.addEventListener("click", (e) => {
     const btn = e.target.closest(".state-btn");
     if (!btn) return;
-    pending = { id: btn.dataset.id, version: btn.dataset.version, action: btn.dataset.action };
+    pending = { id: btn.dataset.id, version: btn.dataset.version, action: btn.dataset.action,
+                dependents: btn.dataset.dependents || "" };
     const disabling = pending.action === "disable";
     document.getElementById("dlg-title").textContent = `${disabling ? "Disable" : "Enable"} version ${pending.version}`;
     document.getElementById("dlg-text").textContent = disabling
@@ -32,7 +33,9 @@
     const verb = pending.action === "disable" ? "Disable" : "Enable";
     document.getElementById("dlg-confirm-text").textContent =
       `${verb} version ${pending.version}` + (cascade.checked && pending.action === "disable" ? " and every version trained on top of it" : "") +
-      ` with the reason “${reason.value.trim()}”?`;
+      ` with the reason “${reason.value.trim()}”?` +
+      (pending.action === "disable" && pending.dependents && !cascade.checked
+        ? ` ${pending.dependents} trained on top of it will stay active, flagged as trained on a different stack.` : "");
     document.getElementById("dlg-confirm").textContent = verb;
     dialog.classList.add("confirming");
   });

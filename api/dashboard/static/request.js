@@ -130,14 +130,16 @@
 
   function redraw() {
     const empty = document.getElementById("chart-empty");
+    const lambdaEl = document.getElementById("chart-lambda");
     if (!events.length) {
-      if (!empty) {
-        document.getElementById("chart-losses").innerHTML =
-          '<div class="chart-empty" id="chart-empty">No steps yet: the chart draws as the worker reports them.</div>';
-      }
+      const text = TERMINAL.has(status) ? "No training steps were run."
+        : "No steps yet: the chart draws as the worker reports them.";
+      document.getElementById("chart-losses").innerHTML = `<div class="chart-empty" id="chart-empty">${text}</div>`;
+      lambdaEl.style.display = "none";
       return;
     }
     if (empty) empty.remove();
+    lambdaEl.style.display = "";
     if (!charts) { charts = makeCharts(); } else {
       const cols = columns(events);
       charts.losses.setData(cols.losses);
