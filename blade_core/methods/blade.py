@@ -195,8 +195,7 @@ def outer_step(
 
 
 def dual_update(lam: float, r: float, cfg: BladeConfig) -> float:
-    """lambda <- lambda + rho*r if r > 0 else lambda + alpha*rho*r; then max(lambda_min, .) and the optional
-    cap."""
+    """lambda += rho*r if r > 0 else alpha*rho*r; then lambda = max(lambda_min, lambda), optionally capped."""
     lam = lam + cfg.rho * r if r > 0 else lam + cfg.alpha * cfg.rho * r
     lam = max(cfg.lambda_min, lam)
     return min(cfg.lambda_max, lam) if cfg.lambda_max is not None else lam
@@ -309,9 +308,8 @@ def train(task: UnlearnTask, cfg: BladeConfig) -> RunResult:
             state.epsilon = cfg.eps_mul * sum(inner) / len(inner)
         out = outer_step(model, forget, retain, outer_opt, state.lam, state.epsilon, cfg, device)  # (2)
         state.lam = dual_update(state.lam, out["r"], cfg)  # (3) with the r measured before the Adam step
-        extra, l_ret_after = recover(
-            model, retain, inner_opt, out["L_ret"], state.epsilon, cfg, device
-        )  # (4)
+        # (4) adaptive recovery, starting from the outer step's L_ret
+        extra, l_ret_after = recover(model, retain, inner_opt, out["L_ret"], state.epsilon, cfg, device)
 
         converged = state.monitor.update(t, out["L_fgt"], out["r"], state.epsilon)
         scale = state.calibrator.update(t, state.monitor.ema, state.monitor.first, out["r"], state.epsilon)
@@ -342,9 +340,8 @@ def train(task: UnlearnTask, cfg: BladeConfig) -> RunResult:
             hooks.on_step(record)
 
         final_ret = l_ret_after if l_ret_after is not None else out["L_ret"]
-        if not (
-            final_ret <= cfg.collapse_loss and math.isfinite(out["L_fgt"])
-        ):  # (5) collapse guard (and NaN)
+        collapsed = not (final_ret <= cfg.collapse_loss and math.isfinite(out["L_fgt"]))  # NaN counts too
+        if collapsed:  # (5) collapse guard
             status = "collapsed"
             message = (
                 f"collapsed at step {t}: retain loss {final_ret:.3f} > {cfg.collapse_loss} "
