@@ -79,15 +79,29 @@ def _age_s(then: datetime | None, now: datetime) -> float | None:
     return max(0.0, (now - then).total_seconds())
 
 
-def broker_queue_depths(queues: Iterable[str], timeout: float = BROKER_TIMEOUT_S) -> dict[str, int | None]:
-    """Messages waiting in each broker queue (None: the broker did not answer within `timeout`)."""
+_depth_cache: dict[str, tuple[float, dict[str, int | None]]] = {}
+_depth_lock = threading.Lock()
+
+
+def broker_queue_depths(
+    settings: Settings, queues: Iterable[str], timeout: float = BROKER_TIMEOUT_S, max_age_s: float = 2.0
+) -> dict[str, int | None]:
+    """Messages waiting in each broker queue (None: the broker did not answer within `timeout`).
+
+    Asked of the settings' broker (Redis, or the embedded SQL transport), at most every `max_age_s` seconds.
+    """
     queues = list(queues)
+    url = settings.resolved_broker_url()
+    with _depth_lock:
+        cached = _depth_cache.get(url)
+        if cached is not None and time.monotonic() - cached[0] < max_age_s:
+            return dict(cached[1])
 
     def count() -> dict[str, int | None]:
-        from worker.celery_app import app
+        from kombu import Connection
 
         depths: dict[str, int | None] = {}
-        with app.connection_for_read() as conn:
+        with Connection(url, connect_timeout=timeout) as conn:
             channel = conn.default_channel
             for queue in queues:
                 try:
@@ -98,12 +112,15 @@ def broker_queue_depths(queues: Iterable[str], timeout: float = BROKER_TIMEOUT_S
 
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="blade-broker-depth")
     try:
-        return pool.submit(count).result(timeout=timeout)
+        depths = pool.submit(count).result(timeout=timeout)
     except Exception as exc:
         log.warning("metrics.broker_unreachable", extra={"error": repr(exc)})
-        return dict.fromkeys(queues)
+        depths = dict.fromkeys(queues)
     finally:
         pool.shutdown(wait=False)
+    with _depth_lock:
+        _depth_cache[url] = (time.monotonic(), depths)
+    return dict(depths)
 
 
 def running_dynamics(session: Session, request_ids: list[str]) -> dict[str, dict[str, Any]]:
@@ -195,7 +212,7 @@ def snapshot(session: Session, settings: Settings, *, broker: bool = True) -> di
                 "started_at": w.started_at,
             }
         )
-    queues = broker_queue_depths(_queue_names()) if broker else {}
+    queues = broker_queue_depths(settings, _queue_names()) if broker else {}
     return {
         "at": now,
         "by_state_method": [(str(RequestStatus(s).value), m, n) for s, m, n in by_state_method],

@@ -220,7 +220,7 @@ def overview(request: Request, session: SessionDep, viewer: ViewerDep) -> HTMLRe
         session,
         tenant_id=viewer.tenant_id,
         alive_after_s=worker_alive_after_s(settings),
-        broker_depths=broker_queue_depths(ALL_QUEUES, timeout=1.5),
+        broker_depths=broker_queue_depths(settings, ALL_QUEUES, timeout=1.5),
     )
     return render(request, "overview.html", viewer, page="overview", data=data)
 
