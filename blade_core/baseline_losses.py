@@ -1,9 +1,9 @@
 """Pure loss functions of the seven baselines (GradAscent, GradDiff, NPO, SimNPO, RMU, PDU, BLUR-NPO).
 
 Every function takes tensors and hyperparameters and returns a tensor; none touches a model, so each is
-checked against a naive reference in `tests/test_baselines.py`. Conventions (those of Hugging Face causal LMs):
-`logits` (B, T, V) are the model outputs for `input_ids` (B, T); `labels` (B, T) equal the input ids on answer
-tokens and -100 elsewhere (prompt and padding), and position t's logits predict token t+1.
+checked against a naive reference in `tests/test_baselines.py`. Conventions (those of Hugging Face causal
+LMs): `logits` (B, T, V) are the model outputs for `input_ids` (B, T); `labels` (B, T) equal the input ids on
+answer tokens and -100 elsewhere (prompt and padding), and position t's logits predict token t+1.
 The method files in `blade_core/methods/` run the models and call these.
 """
 
@@ -46,7 +46,8 @@ def grad_ascent_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor
 
 
 def npo_loss(nll: torch.Tensor, ref_nll: torch.Tensor, beta: float = 0.1) -> torch.Tensor:
-    """NPO forget loss (Zhang et al. 2024, Eq. 3); scalar from per-sequence NLLs (B,) of the model and reference.
+    """NPO forget loss (Zhang et al. 2024, Eq. 3); scalar from per-sequence NLLs (B,) of the model and
+    reference.
 
         L_NPO = -(2/beta) E[ log sigma( -beta log( pi_theta(y|x) / pi_ref(y|x) ) ) ]
               = -(2/beta) E[ log sigma( beta (NLL_theta - NLL_ref) ) ]
@@ -56,7 +57,9 @@ def npo_loss(nll: torch.Tensor, ref_nll: torch.Tensor, beta: float = 0.1) -> tor
     return -F.logsigmoid(beta * (nll - ref_nll)).mean() * 2.0 / beta
 
 
-def simnpo_loss(nll: torch.Tensor, lengths: torch.Tensor, beta: float = 4.5, delta: float = 0.0) -> torch.Tensor:
+def simnpo_loss(
+    nll: torch.Tensor, lengths: torch.Tensor, beta: float = 4.5, delta: float = 0.0
+) -> torch.Tensor:
     """SimNPO forget loss (Fan et al. 2024, Eq. 4): reference-free NPO on the length-normalised NLL; scalar.
 
         L_SimNPO = -(2/beta) E[ log sigma( -(beta/|y|) log pi_theta(y|x) - delta ) ]
@@ -70,13 +73,14 @@ def simnpo_loss(nll: torch.Tensor, lengths: torch.Tensor, beta: float = 4.5, del
 
 
 def logit_margin_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """PDU forget loss (Entesari et al. 2025, "Constrained Entropic Unlearning", logit-margin flattening); scalar.
+    """PDU forget loss (Entesari et al. 2025, "Constrained Entropic Unlearning", logit-margin flattening);
+    scalar.
 
         L_margin = mean_t ( max_v z_{t,v} - mean_v z_{t,v} )^2
 
-    which is zero exactly when every logit is equal, i.e. the next-token distribution is uniform. Averaged over
-    the positions that predict answer tokens (the reference implementation averages over every position of the
-    padded batch; we leave prompt and padding out so the loss is about the answers being forgotten).
+    which is zero exactly when every logit is equal, i.e. the next-token distribution is uniform. Averaged
+    over the positions that predict answer tokens (the reference implementation averages over every position
+    of the padded batch; we leave prompt and padding out so the loss is about the answers being forgotten).
     """
     shift_logits = logits[:, :-1, :].float()  # (B, T-1, V)
     mask = labels[:, 1:] != IGNORE_INDEX  # (B, T-1)
@@ -89,8 +93,8 @@ def masked_activation_mse(hidden: torch.Tensor, target: torch.Tensor, mask: torc
 
         L = mean_i [ sum_t m_{i,t} mean_d (h_{i,t,d} - target_{i,t,d})^2 / sum_t m_{i,t} ]
 
-    `hidden` (B, T, D), `target` (B, T, D) or broadcastable (1, 1, D), `mask` (B, T) selects the answer tokens.
-    Forget: target = c * u (the steering vector); retain: target = the frozen model's hidden states.
+    `hidden` (B, T, D), `target` (B, T, D) or broadcastable (1, 1, D), `mask` (B, T) selects the answer
+    tokens. Forget: target = c * u (the steering vector); retain: target = the frozen model's hidden states.
     """
     per_token = (hidden.float() - target.float()).pow(2).mean(dim=-1)  # (B, T)
     mask = mask.to(per_token.dtype)
@@ -99,11 +103,14 @@ def masked_activation_mse(hidden: torch.Tensor, target: torch.Tensor, mask: torc
 
 
 def rmu_layer_index(num_layers: int, reference_layer: int = 7, reference_depth: int = 16) -> int:
-    """The RMU layer scaled to depth: OpenUnlearning steers layer 7 of Llama-3.2-1B's 16 (7/16 of the depth)."""
+    """The RMU layer scaled to depth: OpenUnlearning steers layer 7 of Llama-3.2-1B's 16 (7/16 of the
+    depth)."""
     return min(num_layers - 1, max(0, round(reference_layer / reference_depth * num_layers)))
 
 
-def rmu_control_vector(dim: int, steering_coeff: float = 2.0, generator: torch.Generator | None = None) -> torch.Tensor:
+def rmu_control_vector(
+    dim: int, steering_coeff: float = 2.0, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Fixed random control vector c * u/|u| with u ~ U[0, 1)^D (WMDP reference code); shape (1, 1, D)."""
     u = torch.rand(1, 1, dim, generator=generator)
     return u / u.norm() * steering_coeff
@@ -118,16 +125,17 @@ def pdu_dual_update(lam: float, retain_loss: float, epsilon: float, step_size: f
     return max(0.0, lam + step_size * (retain_loss - epsilon))
 
 
-def blur_combine(grad_forget: list[torch.Tensor], grad_retain: list[torch.Tensor], gamma: float = 1.0,
-                 eps: float = 1e-12) -> tuple[list[torch.Tensor], float]:
-    """BLUR update direction (Reisizadeh et al. 2025, Alg. 1, "forget lower"): retain gradient projected off the
-    forget gradient, plus gamma times the forget gradient.
+def blur_combine(
+    grad_forget: list[torch.Tensor], grad_retain: list[torch.Tensor], gamma: float = 1.0, eps: float = 1e-12
+) -> tuple[list[torch.Tensor], float]:
+    """BLUR update direction (Reisizadeh et al. 2025, Alg. 1, "forget lower"): retain gradient projected off
+    the forget gradient, plus gamma times the forget gradient.
 
         d = g_r + xi g_f,   xi = gamma - <g_r, g_f> / ||g_f||^2
           = (g_r - proj_{g_f} g_r) + gamma g_f
 
-    The lower-level (forget) objective keeps priority: to first order the retain part of the step does not change
-    the forget loss. Inner products run over all parameters at once. Returns (d per parameter, xi).
+    The lower-level (forget) objective keeps priority: to first order the retain part of the step does not
+    change the forget loss. Inner products run over all parameters at once. Returns (d per parameter, xi).
     """
     dot = sum((r.double() * f.double()).sum() for r, f in zip(grad_retain, grad_forget, strict=True))
     norm_f = sum(f.double().pow(2).sum() for f in grad_forget)

@@ -3,8 +3,8 @@
 For every (method, split, seed): load the target model fresh, tokenise that split's forget set and its retain
 complement, train with the method's own defaults except for the bench-wide settings every method gets equally
 (`max_steps`, `batch_size`, `max_length`, `seed`), then evaluate with `evaluate_split` against the gold
-(retrained) model's reference for that split (computed once per split and cached). Per run it records MU, Prob,
-ROUGE, HM, forget quality, PrivLeak, steps, wall time and peak memory; it writes `results.json`
+(retrained) model's reference for that split (computed once per split and cached). Per run it records MU,
+Prob, ROUGE, HM, forget quality, PrivLeak, steps, wall time and peak memory; it writes `results.json`
 (CONTRACT.md), `results.md` (shaped like the BLADE paper's Table 1) and PNG plots of the training dynamics.
 
 Runs are cached under `OUT/runs/<method>/<split>/seed<k>/` (row + history), so an interrupted bench resumes
@@ -31,8 +31,20 @@ from typing import Any
 from blade_core.methods import METHOD_NAMES
 
 SPLITS: tuple[str, ...] = ("forget01", "forget05", "forget10")
-ROW_KEYS: tuple[str, ...] = ("method", "split", "seed", "MU", "Prob", "ROUGE", "HM", "forget_quality", "privleak",
-                             "steps", "time_s", "peak_mem_mb")
+ROW_KEYS: tuple[str, ...] = (
+    "method",
+    "split",
+    "seed",
+    "MU",
+    "Prob",
+    "ROUGE",
+    "HM",
+    "forget_quality",
+    "privleak",
+    "steps",
+    "time_s",
+    "peak_mem_mb",
+)
 DYNAMICS_METHODS: tuple[str, ...] = ("blade", "pdu")  # methods with a multiplier and a T_trans to plot
 RESULTS_VERSION = 1
 
@@ -60,8 +72,9 @@ PRESETS: dict[str, BenchSettings] = {
     # 72 runs (8 methods x 3 splits x 3 seeds) in under an hour on 2 CPU cores, model builds included.
     "default": BenchSettings(authors=100, model_size="default", max_steps=60, seeds=3, eval_max_rows=100),
     # A few minutes: the same 72-run grid shape is too much, so fewer steps and seeds on a smaller world.
-    "quick": BenchSettings(authors=40, model_size="quick", max_steps=20, seeds=1, eval_max_rows=40,
-                           eval_max_new_tokens=32),
+    "quick": BenchSettings(
+        authors=40, model_size="quick", max_steps=20, seeds=1, eval_max_rows=40, eval_max_new_tokens=32
+    ),
 }
 
 
@@ -82,11 +95,12 @@ class BenchPlan:
     progress: bool = True
 
 
-# --- memory ---------------------------------------------------------------------------------------------------
+# --- memory ----------------------------------------------------------------------------------
 
 
 class PeakMemory:
-    """Peak memory of a block in MB: CUDA's max allocated on GPU; on CPU, peak process RSS (sampled every 20 ms)
+    """Peak memory of a block in MB: CUDA's max allocated on GPU; on CPU, peak process RSS (sampled every 20
+    ms)
     minus the RSS at entry, i.e. what the block added (model copies, optimiser state, activations)."""
 
     def __init__(self, device_type: str = "cpu", interval: float = 0.02):
@@ -136,7 +150,7 @@ class PeakMemory:
         self.peak_mb = self._max - self._base
 
 
-# --- data and models ------------------------------------------------------------------------------------------
+# --- data and models ----------------------------------------------------------------------------------
 
 
 def retain_split(split: str) -> str:
@@ -148,8 +162,9 @@ def retain_split(split: str) -> str:
 
 def split_paths(data_dir: Path, split: str) -> tuple[Path, Path]:
     """(forget file, retain file) of `split` in a TOFU-format dir."""
-    forget = next((p for p in (data_dir / f"{split}_perturbed.json", data_dir / f"{split}.json") if p.is_file()),
-                  None)
+    forget = next(
+        (p for p in (data_dir / f"{split}_perturbed.json", data_dir / f"{split}.json") if p.is_file()), None
+    )
     retain = data_dir / f"{retain_split(split)}.json"
     if forget is None:
         raise FileNotFoundError(f"{data_dir}: no {split}_perturbed.json")
@@ -158,10 +173,18 @@ def split_paths(data_dir: Path, split: str) -> tuple[Path, Path]:
     return forget, retain
 
 
-def prepare_models(data_dir: Path, root: Path, settings: BenchSettings, splits: Sequence[str], *,
-                   build_target: bool = True, log: Log = print,
-                   progress: bool = True) -> tuple[Path, Path | None, dict[str, Path]]:
-    """Build (or reuse: `blade model build` caches by content hash) the target and one gold model per split."""
+def prepare_models(
+    data_dir: Path,
+    root: Path,
+    settings: BenchSettings,
+    splits: Sequence[str],
+    *,
+    build_target: bool = True,
+    log: Log = print,
+    progress: bool = True,
+) -> tuple[Path, Path | None, dict[str, Path]]:
+    """Build (or reuse: `blade model build` caches by content hash) the target and one gold model per
+    split."""
     from blade_core.build import build_model
 
     models = root / "models" / f"{data_dir.name}-{settings.model_size}-s{settings.build_seed}"
@@ -169,11 +192,19 @@ def prepare_models(data_dir: Path, root: Path, settings: BenchSettings, splits: 
 
     def build(name: str, exclude: str | None) -> Path:
         started = time.perf_counter()
-        result = build_model(data_dir, models / name, exclude_split=exclude, seed=settings.build_seed,
-                             size=settings.model_size, cache_dir=cache, progress=progress, log=log)
-        metrics = result.info.get("metrics", {})
-        log(f"model {name}: {'cached' if result.cached else 'built'} in {time.perf_counter() - started:.0f}s; "
-            f"memorisation {json.dumps(metrics)}")
+        result = build_model(
+            data_dir,
+            models / name,
+            exclude_split=exclude,
+            seed=settings.build_seed,
+            size=settings.model_size,
+            cache_dir=cache,
+            progress=progress,
+            log=log,
+        )
+        how = "cached" if result.cached else "built"
+        metrics = json.dumps(result.info.get("metrics", {}))
+        log(f"model {name}: {how} in {time.perf_counter() - started:.0f}s; memorisation {metrics}")
         return result.model_dir
 
     target = build("target", None) if build_target else None
@@ -181,8 +212,9 @@ def prepare_models(data_dir: Path, root: Path, settings: BenchSettings, splits: 
     return data_dir, target, golds
 
 
-def prepare_synthetic(root: Path, settings: BenchSettings, splits: Sequence[str], log: Log = print,
-                      progress: bool = True) -> tuple[Path, Path, dict[str, Path]]:
+def prepare_synthetic(
+    root: Path, settings: BenchSettings, splits: Sequence[str], log: Log = print, progress: bool = True
+) -> tuple[Path, Path, dict[str, Path]]:
     """Synthesise the world (`blade data synth`) under `root`, then build its target and gold models."""
     from blade_core.synth import write_world
 
@@ -201,7 +233,7 @@ def _load(model_dir: Path, device):
     return load_with_stack(model_dir, (), device)
 
 
-# --- one run --------------------------------------------------------------------------------------------------
+# --- one run ----------------------------------------------------------------------------------
 
 
 def method_overrides(method: str, plan: BenchPlan) -> dict[str, Any]:
@@ -210,15 +242,20 @@ def method_overrides(method: str, plan: BenchPlan) -> dict[str, Any]:
     from blade_core.unlearn import config_fields
 
     known = config_fields(get_method(method).config_class)
-    fields = {"batch_size": plan.settings.batch_size, "max_length": plan.settings.max_length,
-              "show_progress": plan.progress, **plan.overrides.get(method, {})}
+    fields = {
+        "batch_size": plan.settings.batch_size,
+        "max_length": plan.settings.max_length,
+        "show_progress": plan.progress,
+        **plan.overrides.get(method, {}),
+    }
     return {k: v for k, v in fields.items() if k in known}
 
 
-def run_one(plan: BenchPlan, method: str, split: str, seed: int, gold_ref: dict[str, Any] | None,
-            log: Log) -> dict[str, Any]:
-    """Unlearn with one method on one split and one seed through `run_unlearning` (the runner `blade unlearn` and
-    the worker use), reload the result, evaluate it, and return its results row and history."""
+def run_one(
+    plan: BenchPlan, method: str, split: str, seed: int, gold_ref: dict[str, Any] | None, log: Log
+) -> dict[str, Any]:
+    """Unlearn with one method on one split and one seed through `run_unlearning` (the runner `blade unlearn`
+    and the worker use), reload the result, evaluate it, and return its results row and history."""
     import shutil
 
     from blade_core.evaluation.tofu import evaluate_split
@@ -231,9 +268,17 @@ def run_one(plan: BenchPlan, method: str, split: str, seed: int, gold_ref: dict[
     work = _run_dir(plan, method, split, seed) / "model"
     with PeakMemory(device.type) as memory:
         started = time.perf_counter()
-        out = run_unlearning(model=plan.target, forget=forget_path, retain=retain_path, out_dir=work, method=method,
-                             overrides=method_overrides(method, plan), max_steps=plan.settings.max_steps,
-                             seed=seed, device=str(device))
+        out = run_unlearning(
+            model=plan.target,
+            forget=forget_path,
+            retain=retain_path,
+            out_dir=work,
+            method=method,
+            overrides=method_overrides(method, plan),
+            max_steps=plan.settings.max_steps,
+            seed=seed,
+            device=str(device),
+        )
         run_s = time.perf_counter() - started
     peak = out.peak_mem_mb if out.peak_mem_mb is not None else memory.peak_mb
     if out.full_model:
@@ -241,26 +286,59 @@ def run_one(plan: BenchPlan, method: str, split: str, seed: int, gold_ref: dict[
     else:
         model, tokenizer = load_with_stack(plan.target, [work], device)
     s = plan.settings
-    metrics = evaluate_split(model, tokenizer, plan.data_dir, split, gold=gold_ref, batch_size=s.eval_batch_size,
-                             max_rows=s.eval_max_rows, max_new_tokens=s.eval_max_new_tokens, seed=0)
+    metrics = evaluate_split(
+        model,
+        tokenizer,
+        plan.data_dir,
+        split,
+        gold=gold_ref,
+        batch_size=s.eval_batch_size,
+        max_rows=s.eval_max_rows,
+        max_new_tokens=s.eval_max_new_tokens,
+        seed=0,
+    )
     del model
     shutil.rmtree(work, ignore_errors=True)  # weights are not kept: the row and history are the result
     row = {
-        "method": method, "split": split, "seed": seed,
-        "MU": metrics["MU"], "Prob": metrics["Prob"], "ROUGE": metrics["ROUGE"], "HM": metrics["HM"],
-        "forget_quality": metrics["forget_quality"], "privleak": metrics["privleak"],
-        "steps": len(out.history), "time_s": round(run_s, 2), "peak_mem_mb": round(peak, 1),
-        "status": out.status, "message": out.message, "config": out.config,
-        "eval": {k: metrics.get(k) for k in ("forget", "retain", "real_authors", "world_facts", "MU_components",
-                                             "mia", "privleak_by_attack", "n", "time_s")},
+        "method": method,
+        "split": split,
+        "seed": seed,
+        "MU": metrics["MU"],
+        "Prob": metrics["Prob"],
+        "ROUGE": metrics["ROUGE"],
+        "HM": metrics["HM"],
+        "forget_quality": metrics["forget_quality"],
+        "privleak": metrics["privleak"],
+        "steps": len(out.history),
+        "time_s": round(run_s, 2),
+        "peak_mem_mb": round(peak, 1),
+        "status": out.status,
+        "message": out.message,
+        "config": out.config,
+        "eval": {
+            k: metrics.get(k)
+            for k in (
+                "forget",
+                "retain",
+                "real_authors",
+                "world_facts",
+                "MU_components",
+                "mia",
+                "privleak_by_attack",
+                "n",
+                "time_s",
+            )
+        },
     }
-    log(f"{method:>11} {split} seed {seed}: {out.status} after {row['steps']} steps in {run_s:.1f}s; "
+    log(
+        f"{method:>11} {split} seed {seed}: {out.status} after {row['steps']} steps in {run_s:.1f}s; "
         f"MU {_fmt(row['MU'])} Prob {_fmt(row['Prob'])} ROUGE {_fmt(row['ROUGE'])} HM {_fmt(row['HM'])} "
-        f"FQ {_fmt(row['forget_quality'], 3)} PrivLeak {_fmt(row['privleak'], 1)}")
+        f"FQ {_fmt(row['forget_quality'], 3)} PrivLeak {_fmt(row['privleak'], 1)}"
+    )
     return {"row": row, "history": out.history}
 
 
-# --- the grid -------------------------------------------------------------------------------------------------
+# --- the grid ----------------------------------------------------------------------------------
 
 
 def _run_dir(plan: BenchPlan, method: str, split: str, seed: int) -> Path:
@@ -269,8 +347,13 @@ def _run_dir(plan: BenchPlan, method: str, split: str, seed: int) -> Path:
 
 def _fingerprint(plan: BenchPlan, method: str) -> dict[str, Any]:
     """What must match for a cached run to be reused."""
-    return {"version": RESULTS_VERSION, "target": str(plan.target.resolve()), "data": str(plan.data_dir.resolve()),
-            "settings": asdict(plan.settings), "overrides": plan.overrides.get(method, {})}
+    return {
+        "version": RESULTS_VERSION,
+        "target": str(plan.target.resolve()),
+        "data": str(plan.data_dir.resolve()),
+        "settings": asdict(plan.settings),
+        "overrides": plan.overrides.get(method, {}),
+    }
 
 
 def _read_json(path: Path) -> Any:
@@ -296,7 +379,8 @@ def _json_default(value: Any) -> Any:
 
 
 def reference_evals(plan: BenchPlan, log: Log) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Per split: the gold reference (cached) and the target and gold models' own rows (the table's first lines)."""
+    """Per split: the gold reference (cached) and the target and gold models' own rows (the table's first
+    lines)."""
     from blade_core.evaluation.tofu import evaluate_split, gold_reference
     from blade_core.modeling import pick_device
 
@@ -307,29 +391,54 @@ def reference_evals(plan: BenchPlan, log: Log) -> tuple[dict[str, Any], list[dic
     for split in plan.splits:
         path = plan.out_dir / "reference" / f"{split}.json"
         cached = _read_json(path)
-        key = {"target": str(plan.target.resolve()), "gold": str(plan.golds[split].resolve()) if split in plan.golds
-               else None, "settings": asdict(s)}
+        key = {
+            "target": str(plan.target.resolve()),
+            "gold": str(plan.golds[split].resolve()) if split in plan.golds else None,
+            "settings": asdict(s),
+        }
         if cached is None or cached.get("key") != key:
             entry: dict[str, Any] = {"key": key, "rows": []}
             gold_metrics = None
             if split in plan.golds:
                 log(f"evaluating the gold model of {split}")
                 model, tokenizer = _load(plan.golds[split], device)
-                gold_metrics = evaluate_split(model, tokenizer, plan.data_dir, split, batch_size=s.eval_batch_size,
-                                              max_rows=s.eval_max_rows, max_new_tokens=s.eval_max_new_tokens)
+                gold_metrics = evaluate_split(
+                    model,
+                    tokenizer,
+                    plan.data_dir,
+                    split,
+                    batch_size=s.eval_batch_size,
+                    max_rows=s.eval_max_rows,
+                    max_new_tokens=s.eval_max_new_tokens,
+                )
                 entry["gold_reference"] = gold_reference(gold_metrics)
             log(f"evaluating the target model on {split}")
             model, tokenizer = _load(plan.target, device)
-            target_metrics = evaluate_split(model, tokenizer, plan.data_dir, split,
-                                            gold=entry.get("gold_reference"), batch_size=s.eval_batch_size,
-                                            max_rows=s.eval_max_rows, max_new_tokens=s.eval_max_new_tokens)
+            target_metrics = evaluate_split(
+                model,
+                tokenizer,
+                plan.data_dir,
+                split,
+                gold=entry.get("gold_reference"),
+                batch_size=s.eval_batch_size,
+                max_rows=s.eval_max_rows,
+                max_new_tokens=s.eval_max_new_tokens,
+            )
             if gold_metrics is not None:
                 # The gold model against its own reference: forget quality 1 and PrivLeak 0 by construction.
                 gold_metrics = {**gold_metrics, "forget_quality": 1.0, "privleak": 0.0}
             for name, metrics in (("target", target_metrics), ("gold", gold_metrics)):
                 if metrics is not None:
-                    entry["rows"].append({"model": name, "split": split, **{k: metrics.get(k) for k in
-                                          ("MU", "Prob", "ROUGE", "HM", "forget_quality", "privleak")}})
+                    entry["rows"].append(
+                        {
+                            "model": name,
+                            "split": split,
+                            **{
+                                k: metrics.get(k)
+                                for k in ("MU", "Prob", "ROUGE", "HM", "forget_quality", "privleak")
+                            },
+                        }
+                    )
             _write_json(path, entry)
             cached = entry
         refs[split] = cached.get("gold_reference")
@@ -365,11 +474,14 @@ def run_bench(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
         "rows": [{k: row.get(k) for k in ROW_KEYS} | {"status": row.get("status")} for row in rows],
         "reference": reference_rows,
         "summary": summarise(rows),
-        "settings": asdict(plan.settings) | {"methods": plan.methods, "splits": plan.splits, "seeds": plan.seeds,
-                                              "overrides": plan.overrides},
-        "data_dir": str(plan.data_dir), "target": str(plan.target),
+        "settings": asdict(plan.settings)
+        | {"methods": plan.methods, "splits": plan.splits, "seeds": plan.seeds, "overrides": plan.overrides},
+        "data_dir": str(plan.data_dir),
+        "target": str(plan.target),
         "golds": {k: str(v) for k, v in plan.golds.items()},
-        "command": plan.command, "machine": machine(), "wall_s": round(time.perf_counter() - started, 1),
+        "command": plan.command,
+        "machine": machine(),
+        "wall_s": round(time.perf_counter() - started, 1),
     }
     _write_json(plan.out_dir / "results.json", results)
     plots = write_plots(plan.out_dir, histories, plan.splits)
@@ -378,11 +490,13 @@ def run_bench(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
     return results
 
 
-# --- summaries, tables, plots ---------------------------------------------------------------------------------
+# --- summaries, tables, plots -------------------------------------------------------------------------------
 
 
 def _values(rows: Sequence[dict[str, Any]], key: str) -> list[float]:
-    return [float(r[key]) for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(float(r[key]))]
+    return [
+        float(r[key]) for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(float(r[key]))
+    ]
 
 
 def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
@@ -398,8 +512,12 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         groups.setdefault((row["method"], row["split"]), []).append(row)
     out = []
     for (method, split), group in groups.items():
-        entry: dict[str, Any] = {"method": method, "split": split, "n": len(group),
-                                 "statuses": sorted({str(r.get("status")) for r in group})}
+        entry: dict[str, Any] = {
+            "method": method,
+            "split": split,
+            "n": len(group),
+            "statuses": sorted({str(r.get("status")) for r in group}),
+        }
         for key in ROW_KEYS[3:]:
             mean, std = mean_std(_values(group, key))
             entry[key] = {"mean": mean, "std": std}
@@ -426,8 +544,8 @@ def _fq(cell: dict[str, Any] | None) -> str:
 
 
 def render_markdown(results: dict[str, Any], plots: Sequence[Path] = ()) -> str:
-    """results.md: Table 1 (MU, Prob, ROUGE, HM as mean ± std per split), then forget quality, PrivLeak, time and
-    memory per split, the best HM per split, and the plots."""
+    """results.md: Table 1 (MU, Prob, ROUGE, HM as mean ± std per split), then forget quality, PrivLeak, time
+    and memory per split, the best HM per split, and the plots."""
     summary = {(e["method"], e["split"]): e for e in results["summary"]}
     splits = results["settings"]["splits"]
     methods = results["settings"]["methods"]
@@ -435,16 +553,26 @@ def render_markdown(results: dict[str, Any], plots: Sequence[Path] = ()) -> str:
     reference = {(r["model"], r["split"]): r for r in results.get("reference", [])}
     lines = ["# Benchmark results", ""]
     s = results["settings"]
-    lines += [f"{len(methods)} methods x {len(splits)} splits x {len(seeds)} seeds; every method capped at "
-              f"{s['max_steps']} steps, batch {s['batch_size']}, max length {s['max_length']}; "
-              f"evaluation on at most {s['eval_max_rows'] or 'all'} rows per set, "
-              f"{s['eval_max_new_tokens']} generated tokens.", "",
-              f"Command: `{results.get('command', '')}`  ", f"Machine: {results['machine']['summary']}  ",
-              f"Wall time: {results['wall_s'] / 60:.1f} min", ""]
+    lines += [
+        f"{len(methods)} methods x {len(splits)} splits x {len(seeds)} seeds; every method capped at "
+        f"{s['max_steps']} steps, batch {s['batch_size']}, max length {s['max_length']}; "
+        f"evaluation on at most {s['eval_max_rows'] or 'all'} rows per set, "
+        f"{s['eval_max_new_tokens']} generated tokens.",
+        "",
+        f"Command: `{results.get('command', '')}`  ",
+        f"Machine: {results['machine']['summary']}  ",
+        f"Wall time: {results['wall_s'] / 60:.1f} min",
+        "",
+    ]
 
-    lines += ["## Table 1: utility (MU, higher is better), forget Prob and ROUGE (lower is better), "
-              "HM = hmean(MU, 1-Prob, 1-ROUGE) (higher is better)", ""]
-    header = "| Method | " + " | ".join(f"{sp} {m}" for sp in splits for m in ("MU", "Prob", "ROUGE", "HM")) + " |"
+    lines += [
+        "## Table 1: utility (MU, higher is better), forget Prob and ROUGE (lower is better), "
+        "HM = hmean(MU, 1-Prob, 1-ROUGE) (higher is better)",
+        "",
+    ]
+    header = (
+        "| Method | " + " | ".join(f"{sp} {m}" for sp in splits for m in ("MU", "Prob", "ROUGE", "HM")) + " |"
+    )
     lines += [header, "|" + "---|" * (1 + 4 * len(splits))]
     for name, label in (("target", "Target (before unlearning)"), ("gold", "Retrained (gold)")):
         if any((name, sp) in reference for sp in splits):
@@ -453,8 +581,10 @@ def render_markdown(results: dict[str, Any], plots: Sequence[Path] = ()) -> str:
                 r = reference.get((name, sp), {})
                 cells += [_fmt(r.get(k)) for k in ("MU", "Prob", "ROUGE", "HM")]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    best = {sp: max(methods, key=lambda m: (summary.get((m, sp), {}).get("HM") or {}).get("mean") or -1)
-            for sp in splits}
+    best = {
+        sp: max(methods, key=lambda m: (summary.get((m, sp), {}).get("HM") or {}).get("mean") or -1)
+        for sp in splits
+    }
     for method in methods:
         cells = []
         for sp in splits:
@@ -463,25 +593,40 @@ def render_markdown(results: dict[str, Any], plots: Sequence[Path] = ()) -> str:
                 text = _pm(e.get(key))
                 cells.append(f"**{text}**" if key == "HM" and best[sp] == method and text != "n/a" else text)
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    lines += ["", "## Forget quality (KS p-value vs the gold model, higher is better), PrivLeak (Min-K%, "
-              "relative to the gold model, closer to 0 is better), training time and peak memory", ""]
-    header = "| Method | " + " | ".join(f"{sp} {m}" for sp in splits for m in ("FQ", "PrivLeak", "time s",
-                                                                                   "steps", "mem MB")) + " |"
+    lines += [
+        "",
+        "## Forget quality (KS p-value vs the gold model, higher is better), PrivLeak (Min-K%, "
+        "relative to the gold model, closer to 0 is better), training time and peak memory",
+        "",
+    ]
+    header = (
+        "| Method | "
+        + " | ".join(f"{sp} {m}" for sp in splits for m in ("FQ", "PrivLeak", "time s", "steps", "mem MB"))
+        + " |"
+    )
     lines += [header, "|" + "---|" * (1 + 5 * len(splits))]
     for method in methods:
         cells = []
         for sp in splits:
             e = summary.get((method, sp), {})
-            cells += [_fq(e.get("forget_quality")), _pm(e.get("privleak"), 1), _pm(e.get("time_s"), 1),
-                      _pm(e.get("steps"), 0), _pm(e.get("peak_mem_mb"), 0)]
+            cells += [
+                _fq(e.get("forget_quality")),
+                _pm(e.get("privleak"), 1),
+                _pm(e.get("time_s"), 1),
+                _pm(e.get("steps"), 0),
+                _pm(e.get("peak_mem_mb"), 0),
+            ]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     lines += ["", "## Best HM per split", ""]
     for sp in splits:
         ranked = sorted(((summary.get((m, sp), {}).get("HM") or {}).get("mean"), m) for m in methods)
         ranked = [(v, m) for v, m in ranked if v is not None][::-1]
         lines.append(f"- {sp}: " + ", ".join(f"{m} {v:.3f}" for v, m in ranked))
-    statuses = [f"{e['method']} {e['split']}: {', '.join(e['statuses'])}" for e in results["summary"]
-                if set(e["statuses"]) - {"max_steps", "converged"}]
+    statuses = [
+        f"{e['method']} {e['split']}: {', '.join(e['statuses'])}"
+        for e in results["summary"]
+        if set(e["statuses"]) - {"max_steps", "converged"}
+    ]
     if statuses:
         lines += ["", "Runs that ended otherwise than max_steps/converged: " + "; ".join(statuses)]
     if plots:
@@ -489,25 +634,39 @@ def render_markdown(results: dict[str, Any], plots: Sequence[Path] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_plots(out_dir: Path, histories: dict[tuple[str, str, int], list[dict[str, Any]]],
-                splits: Sequence[str]) -> list[Path]:
-    """dynamics_<method>_<split>.png for BLADE and PDU (every seed), and an all-methods loss overview per split."""
+def write_plots(
+    out_dir: Path, histories: dict[tuple[str, str, int], list[dict[str, Any]]], splits: Sequence[str]
+) -> list[Path]:
+    """dynamics_<method>_<split>.png for BLADE and PDU (every seed), and an all-methods loss overview per
+    split."""
     from blade_core.plots import plot_dynamics
 
     paths = []
     for method in DYNAMICS_METHODS:
         for split in splits:
-            runs = {f"{method} seed {seed}": h for (m, sp, seed), h in sorted(histories.items())
-                    if m == method and sp == split and h}
+            runs = {
+                f"{method} seed {seed}": h
+                for (m, sp, seed), h in sorted(histories.items())
+                if m == method and sp == split and h
+            }
             if runs:
-                paths.append(plot_dynamics(runs, out_dir / f"dynamics_{method}_{split}.png",
-                                           title=f"{method} on {split}"))
+                paths.append(
+                    plot_dynamics(
+                        runs, out_dir / f"dynamics_{method}_{split}.png", title=f"{method} on {split}"
+                    )
+                )
     for split in splits:
-        runs = {m: h for (m, sp, seed), h in sorted(histories.items()) if sp == split and seed == min(
-            sd for (_, sp2, sd) in histories if sp2 == split) and h}
+        runs = {
+            m: h
+            for (m, sp, seed), h in sorted(histories.items())
+            if sp == split and seed == min(sd for (_, sp2, sd) in histories if sp2 == split) and h
+        }
         if runs:
-            paths.append(plot_dynamics(runs, out_dir / f"dynamics_all_{split}.png",
-                                       title=f"all methods on {split} (first seed)"))
+            paths.append(
+                plot_dynamics(
+                    runs, out_dir / f"dynamics_all_{split}.png", title=f"all methods on {split} (first seed)"
+                )
+            )
     return paths
 
 
@@ -522,10 +681,19 @@ def machine() -> dict[str, Any]:
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    summary = f"{cores} CPU cores ({cpu}), torch {torch.__version__} with {torch.get_num_threads()} threads, " + \
-        (f"GPU {gpu}" if gpu else "no GPU")
-    return {"cpu": cpu, "cores": cores, "gpu": gpu, "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "python": platform.python_version(), "summary": summary}
+    summary = (
+        f"{cores} CPU cores ({cpu}), torch {torch.__version__} with {torch.get_num_threads()} threads, "
+        + (f"GPU {gpu}" if gpu else "no GPU")
+    )
+    return {
+        "cpu": cpu,
+        "cores": cores,
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "summary": summary,
+    }
 
 
 def settings_for(quick: bool, **changes: Any) -> BenchSettings:
@@ -544,4 +712,12 @@ def parse_list(text: str | None, allowed: Sequence[str], what: str) -> list[str]
     return items
 
 
-__all__ = ["METHOD_NAMES", "PRESETS", "SPLITS", "BenchPlan", "BenchSettings", "prepare_synthetic", "run_bench"]
+__all__ = [
+    "METHOD_NAMES",
+    "PRESETS",
+    "SPLITS",
+    "BenchPlan",
+    "BenchSettings",
+    "prepare_synthetic",
+    "run_bench",
+]

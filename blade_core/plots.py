@@ -1,9 +1,10 @@
-"""Training-dynamics plots of unlearning runs (matplotlib, Agg backend, PNG): L_fgt, L_ret and lambda per step.
+"""Training-dynamics plots of unlearning runs (matplotlib, Agg backend, PNG): L_fgt, L_ret and lambda per
+step.
 
-Input is `history.json` records (CONTRACT.md). T_trans, the step where a run turns from forgetting to defending
-the retain constraint, is read from the records when the method wrote it (`T_trans`/`t_trans`, e.g. PDU's
-dual-update start) and otherwise found with BLADE's rule: the first step ending `run` consecutive steps with
-r > epsilon (`blade_core.dynamics.violated`).
+Input is `history.json` records (CONTRACT.md). T_trans, the step where a run turns from forgetting to
+defending the retain constraint, is read from the records when the method wrote it (`T_trans`/`t_trans`, e.g.
+PDU's dual-update start) and otherwise found with BLADE's rule: the first step ending `run` consecutive steps
+with r > epsilon (`blade_core.dynamics.violated`).
 
     python -c "from blade_core.plots import plot_dynamics; help(plot_dynamics)"
 """

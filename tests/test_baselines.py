@@ -1,4 +1,5 @@
-"""The seven baselines: each loss against a naive reference on hand-built tensors, and each method on a tiny model.
+"""The seven baselines: each loss against a naive reference on hand-built tensors, and each method on a tiny
+model.
 
 The method tests train a model that has memorised a few forget and retain rows for a handful of steps (with a
 learning rate high enough to see movement in so few steps) and check that the weights moved in the method's
@@ -9,6 +10,7 @@ vector), and the history records carry the fields CONTRACT.md's history.json ask
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 
 import pytest
@@ -70,9 +72,12 @@ def test_token_mean_nll_is_the_hugging_face_loss():
 def test_npo_loss_matches_its_formula_and_tends_to_grad_ascent():
     nll, ref = torch.tensor([2.0, 0.5, 3.0]), torch.tensor([1.0, 1.0, 1.0])
     beta = 0.1
-    expected = sum(-math.log(1 / (1 + math.exp(-beta * (a - b)))) for a, b in zip(nll.tolist(), ref.tolist()))
+    expected = sum(
+        -math.log(1 / (1 + math.exp(-beta * (a - b))))
+        for a, b in zip(nll.tolist(), ref.tolist(), strict=True)
+    )
     assert math.isclose(float(L.npo_loss(nll, ref, beta)), expected / 3 * 2 / beta, rel_tol=1e-6)
-    # Its gradient in the model's NLL is sigma(-beta (nll - ref)) * 2/3 per row: 1/3 each as beta -> 0 (GA-like).
+    # Its gradient in the model's NLL is sigma(-beta (nll - ref)) * 2/3 per row: 1/3 as beta -> 0 (GA-like).
     x = nll.clone().requires_grad_(True)
     L.npo_loss(x, ref, 1e-4).backward()
     assert torch.allclose(x.grad, torch.full((3,), -1 / 3), atol=1e-3)
@@ -82,7 +87,9 @@ def test_simnpo_loss_is_length_normalised():
     nll, lengths = torch.tensor([4.0, 9.0]), torch.tensor([2, 3])
     beta, delta = 4.5, 0.0
     expected = sum(-math.log(1 / (1 + math.exp(-beta * (n / k - delta)))) for n, k in [(4.0, 2), (9.0, 3)])
-    assert math.isclose(float(L.simnpo_loss(nll, lengths, beta, delta)), expected / 2 * 2 / beta, rel_tol=1e-6)
+    assert math.isclose(
+        float(L.simnpo_loss(nll, lengths, beta, delta)), expected / 2 * 2 / beta, rel_tol=1e-6
+    )
     # Doubling a sequence (twice the NLL over twice the tokens) leaves the loss unchanged.
     assert torch.allclose(L.simnpo_loss(nll * 2, lengths * 2, beta), L.simnpo_loss(nll, lengths, beta))
 
@@ -90,8 +97,12 @@ def test_simnpo_loss_is_length_normalised():
 def test_logit_margin_loss_matches_a_loop_and_vanishes_on_flat_logits():
     torch.manual_seed(2)
     logits, labels = torch.randn(2, 6, 5), _labels()
-    values = [float((logits[i, t].max() - logits[i, t].mean()) ** 2)
-              for i in range(2) for t in range(5) if labels[i, t + 1] != -100]
+    values = [
+        float((logits[i, t].max() - logits[i, t].mean()) ** 2)
+        for i in range(2)
+        for t in range(5)
+        if labels[i, t + 1] != -100
+    ]
     assert math.isclose(float(L.logit_margin_loss(logits, labels)), sum(values) / len(values), rel_tol=1e-5)
     assert float(L.logit_margin_loss(torch.full((2, 6, 5), 3.0), labels)) == 0.0
 
@@ -142,7 +153,7 @@ def test_lr_schedule_warms_up_then_decays_to_zero():
     values = [lr_factor(s, 10, 0.1, True) for s in range(10)]
     assert values[0] == pytest.approx(0.5)  # one warm-up step: (0 + 1) / (1 + 1)
     assert values[1] == pytest.approx(1.0)
-    assert values[-1] == pytest.approx(1 / 9) and all(a >= b for a, b in zip(values[1:], values[2:]))
+    assert values[-1] == pytest.approx(1 / 9) and all(a >= b for a, b in itertools.pairwise(values[1:]))
     assert lr_factor(5, 10, 0.0, False) == 1.0
 
 
@@ -170,8 +181,9 @@ def _train(world, name, **overrides):
     base, tokenizer, forget, retain = world
     model = copy.deepcopy(base)
     method = get_method(name)
-    config = method.config_class(**{"max_steps": 6, "lr": 1e-3, "batch_size": 4, "show_progress": False,
-                                    **overrides})
+    config = method.config_class(
+        **{"max_steps": 6, "lr": 1e-3, "batch_size": 4, "show_progress": False, **overrides}
+    )
     records = []
     task = UnlearnTask(model, tokenizer, forget, retain, torch.device("cpu"), Hooks(on_step=records.append))
     return model, method.train(task, config), records, config
@@ -186,7 +198,9 @@ def test_method_makes_the_forget_answers_less_likely(world, name):
     for record in result.history:
         assert set(HISTORY_FIELDS) <= set(record) and record["converged"] is False
     assert _forget_nll(model, forget) > _forget_nll(base, forget) + 0.01
-    assert not any(torch.equal(p, q) for p, q in zip(model.parameters(), base.parameters()))  # full-parameter
+    assert not any(
+        torch.equal(p, q) for p, q in zip(model.parameters(), base.parameters(), strict=True)
+    )  # full-parameter
 
 
 def test_methods_without_a_retain_loss_report_null_retain_fields(world):
@@ -198,7 +212,7 @@ def test_pdu_updates_its_multiplier_after_the_warm_up(world):
     _, result, _, config = _train(world, "pdu", max_steps=6, dual_warmup_frac=0.5)
     lams = [r["lambda"] for r in result.history]
     assert lams[:3] == [config.lambda_init] * 3  # warm-up: no dual update
-    for prev, record in zip(lams[2:], result.history[3:]):
+    for prev, record in zip(lams[2:-1], result.history[3:], strict=True):
         assert record["lambda"] == pytest.approx(max(0.0, prev + config.dual_step_size * record["r"]))
         assert record["r"] == pytest.approx(record["L_ret"] - config.epsilon)
     assert result.history[0]["T_trans"] == 4
@@ -209,8 +223,9 @@ def test_rmu_moves_the_steered_layer_toward_the_control_vector(world):
     model, result, _, config = _train(world, "rmu")
     index = result.history[0]["layer"]
     assert index == L.rmu_layer_index(len(decoder_layers(base)))
-    control = L.rmu_control_vector(base.config.hidden_size, config.steering_coeff,
-                                   torch.Generator().manual_seed(config.seed))
+    control = L.rmu_control_vector(
+        base.config.hidden_size, config.steering_coeff, torch.Generator().manual_seed(config.seed)
+    )
     batch = collate([forget[i] for i in range(len(forget))], forget.pad_id)
 
     def distance(m):
@@ -223,7 +238,7 @@ def test_rmu_moves_the_steered_layer_toward_the_control_vector(world):
 
 
 def test_blur_npo_records_its_projection_coefficient(world):
-    _, result, _, config = _train(world, "blur_npo", max_steps=2)
+    _, result, _, _ = _train(world, "blur_npo", max_steps=2)
     assert all(math.isfinite(r["xi"]) for r in result.history)
 
 
@@ -251,8 +266,9 @@ def test_cancellation_stops_between_steps(world):
     hooks = Hooks(should_stop=lambda: len(calls) >= 2, on_step=calls.append)
     method = get_method("grad_diff")
     config = method.config_class(max_steps=10, show_progress=False)
-    result = method.train(UnlearnTask(copy.deepcopy(base), tokenizer, forget, retain, torch.device("cpu"), hooks),
-                          config)
+    result = method.train(
+        UnlearnTask(copy.deepcopy(base), tokenizer, forget, retain, torch.device("cpu"), hooks), config
+    )
     assert result.status == "cancelled" and len(result.history) == 2
 
 

@@ -1,10 +1,10 @@
 """The one training loop the seven baselines share, and the pieces they all need.
 
-Every baseline is "draw a forget batch and a retain batch, put a gradient in `.grad`, take an AdamW step"; only
-the gradient differs. So a method supplies a `step_fn(micro_batches) -> StepStats` that runs its forward passes
-and backward passes, and `run_loop` owns the rest: optimiser and learning-rate schedule, batch streams, gradient
-clipping, history records in the `history.json` shape (CONTRACT.md), progress bar, hooks, cancellation, the
-step cap and collapse detection (a non-finite loss stops the run with status 'collapsed').
+Every baseline is "draw a forget batch and a retain batch, put a gradient in `.grad`, take an AdamW step";
+only the gradient differs. So a method supplies a `step_fn(micro_batches) -> StepStats` that runs its forward
+passes and backward passes, and `run_loop` owns the rest: optimiser and learning-rate schedule, batch
+streams, gradient clipping, history records in the `history.json` shape (CONTRACT.md), progress bar, hooks,
+cancellation, the step cap and collapse detection (a non-finite loss stops the run with status 'collapsed').
 
 Departures from OpenUnlearning's Hugging Face Trainer: steps are counted, not epochs (the bench caps every
 method at the same number of steps), warm-up is a fraction of those steps (OpenUnlearning: 1 of 10 epochs),
@@ -35,10 +35,16 @@ class BaselineConfig(MethodConfig):
     """Optimiser settings every baseline shares (OpenUnlearning TOFU unlearning defaults)."""
 
     use_lora: bool = False  # full-parameter fine-tuning, as the baselines were published
-    lr: float = 1e-5  # learning rate, full-parameter (OpenUnlearning configs/experiment/unlearn/tofu/default.yaml)
-    lora_lr: float = 1e-4  # learning rate when use_lora (OpenUnlearning configs/experiment/unlearn/tofu/lora.yaml)
+    lr: float = (
+        1e-5  # learning rate, full-parameter (OpenUnlearning configs/experiment/unlearn/tofu/default.yaml)
+    )
+    lora_lr: float = (
+        1e-4  # learning rate when use_lora (OpenUnlearning configs/experiment/unlearn/tofu/lora.yaml)
+    )
     weight_decay: float = 0.01  # AdamW weight decay (OpenUnlearning TOFU unlearn default)
-    warmup_frac: float = 0.1  # linear warm-up over this fraction of max_steps (OpenUnlearning: 1 of 10 epochs)
+    warmup_frac: float = (
+        0.1  # linear warm-up over this fraction of max_steps (OpenUnlearning: 1 of 10 epochs)
+    )
     lr_decay: bool = True  # then linear decay to 0 (Hugging Face Trainer's default 'linear' schedule)
     max_grad_norm: float = 1.0  # gradient clipping (Hugging Face Trainer default)
     show_progress: bool = True  # tqdm bar over steps
@@ -85,15 +91,18 @@ def forward(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
-        raise ValueError("the model has no trainable parameters (with use_lora=False every weight should train)")
+        raise ValueError(
+            "the model has no trainable parameters (with use_lora=False every weight should train)"
+        )
     return params
 
 
 class Reference:
     """The frozen starting model NPO, BLUR-NPO and RMU compare against.
 
-    Full-parameter runs keep a deep copy taken before the first step; LoRA runs reuse the model itself with its
-    adapters disabled (PEFT's `disable_adapter`), which is the base the adapter started from and costs no memory.
+    Full-parameter runs keep a deep copy taken before the first step; LoRA runs reuse the model itself with
+    its adapters disabled (PEFT's `disable_adapter`), which is the base the adapter started from and costs no
+    memory.
     """
 
     def __init__(self, model: torch.nn.Module, use_lora: bool):
@@ -121,10 +130,17 @@ class Reference:
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The transformer block list (`model.layers` in Llama), found by name so PEFT wrapping does not matter."""
-    found = [m for name, m in model.named_modules() if name.endswith("layers") and isinstance(m, torch.nn.ModuleList)]
+    """The transformer block list (`model.layers` in Llama), found by name so PEFT wrapping does not
+    matter."""
+    found = [
+        m
+        for name, m in model.named_modules()
+        if name.endswith("layers") and isinstance(m, torch.nn.ModuleList)
+    ]
     if not found:
-        raise ValueError(f"{type(model).__name__}: no decoder layer list (a ModuleList named '...layers') found")
+        raise ValueError(
+            f"{type(model).__name__}: no decoder layer list (a ModuleList named '...layers') found"
+        )
     return max(found, key=len)
 
 
@@ -144,8 +160,9 @@ def capture_output(module: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
 
 
 def lr_factor(step: int, max_steps: int, warmup_frac: float, decay: bool) -> float:
-    """Multiplier of the base learning rate at optimiser step `step` (0-based): linear warm-up, then linear decay."""
-    warmup = int(math.ceil(warmup_frac * max_steps))
+    """Multiplier of the base learning rate at optimiser step `step` (0-based): linear warm-up, then linear
+    decay."""
+    warmup = math.ceil(warmup_frac * max_steps)
     if step < warmup:
         return (step + 1) / (warmup + 1)
     if not decay:
@@ -153,13 +170,19 @@ def lr_factor(step: int, max_steps: int, warmup_frac: float, decay: bool) -> flo
     return max(0.0, (max_steps - step) / max(1, max_steps - warmup))
 
 
-def run_loop(task: UnlearnTask, config: BaselineConfig, step_fn: StepFn, *, name: str,
-             params: list[torch.nn.Parameter] | None = None) -> RunResult:
+def run_loop(
+    task: UnlearnTask,
+    config: BaselineConfig,
+    step_fn: StepFn,
+    *,
+    name: str,
+    params: list[torch.nn.Parameter] | None = None,
+) -> RunResult:
     """Train for `config.max_steps` AdamW steps, each on `config.grad_accum` (forget, retain) micro-batches.
 
-    `step_fn` leaves the step's gradient in `.grad` of `params` (default: every trainable parameter) and returns
-    what it measured. Stops early when `task.hooks.should_stop()` says so ('cancelled') or a loss is not finite
-    ('collapsed'); otherwise ends with status 'max_steps' (the baselines have no convergence test).
+    `step_fn` leaves the step's gradient in `.grad` of `params` (default: every trainable parameter) and
+    returns what it measured. Stops early when `task.hooks.should_stop()` says so ('cancelled') or a loss is
+    not finite ('collapsed'); otherwise ends with status 'max_steps' (the baselines have no convergence test).
     """
     model, hooks = task.model, task.hooks
     params = params if params is not None else trainable_parameters(model)
@@ -179,12 +202,17 @@ def run_loop(task: UnlearnTask, config: BaselineConfig, step_fn: StepFn, *, name
         for group in optimizer.param_groups:
             group["lr"] = lr
         optimizer.zero_grad(set_to_none=True)
-        micro = [(to_device(forget_stream.next(), task.device), to_device(retain_stream.next(), task.device))
-                 for _ in range(config.grad_accum)]
+        micro = [
+            (to_device(forget_stream.next(), task.device), to_device(retain_stream.next(), task.device))
+            for _ in range(config.grad_accum)
+        ]
         stats = step_fn(micro)
         losses = [stats.L_fgt] + ([stats.L_ret] if stats.L_ret is not None else [])
         if not all(math.isfinite(v) for v in losses):
-            status, message = "collapsed", f"non-finite loss at step {step + 1}: L_fgt={stats.L_fgt}, L_ret={stats.L_ret}"
+            status, message = (
+                "collapsed",
+                f"non-finite loss at step {step + 1}: L_fgt={stats.L_fgt}, L_ret={stats.L_ret}",
+            )
             break
         grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm or float("inf"))
         optimizer.step()
@@ -204,15 +232,21 @@ def run_loop(task: UnlearnTask, config: BaselineConfig, step_fn: StepFn, *, name
         history.append(record)
         if hooks.on_step is not None:
             hooks.on_step(record)
-        bar.set_postfix(L_fgt=f"{stats.L_fgt:.3f}", L_ret="-" if stats.L_ret is None else f"{stats.L_ret:.3f}")
+        bar.set_postfix(
+            L_fgt=f"{stats.L_fgt:.3f}", L_ret="-" if stats.L_ret is None else f"{stats.L_ret:.3f}"
+        )
     bar.close()
     model.eval()
     return RunResult(history=history, status=status, message=message)
 
 
-def weighted_step(objective: Callable[[Batch, Batch], tuple[torch.Tensor, torch.Tensor | None]],
-                  forget_weight: float, retain_weight: float) -> StepFn:
-    """The step of every 'forget_weight * L_fgt + retain_weight * L_ret' method (OpenUnlearning's gamma, alpha).
+def weighted_step(
+    objective: Callable[[Batch, Batch], tuple[torch.Tensor, torch.Tensor | None]],
+    forget_weight: float,
+    retain_weight: float,
+) -> StepFn:
+    """The step of every 'forget_weight * L_fgt + retain_weight * L_ret' method (OpenUnlearning's gamma,
+    alpha).
 
     `objective(forget_batch, retain_batch)` returns the two loss tensors (L_ret None for forget-only methods);
     micro-batch gradients are averaged.

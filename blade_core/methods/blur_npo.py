@@ -1,4 +1,5 @@
-"""BLUR-NPO (Reisizadeh et al. 2025, "BLUR: A Bi-Level Optimization Approach for LLM Unlearning"), NPO forget loss.
+"""BLUR-NPO (Reisizadeh et al. 2025, "BLUR: A Bi-Level Optimization Approach for LLM Unlearning"), NPO forget
+loss.
 
 Forgetting is the lower level and keeps priority; the retain gradient is projected off the forget gradient:
 
@@ -72,5 +73,9 @@ def train(task: UnlearnTask, config: BLURNPOConfig) -> RunResult:
     return run_loop(task, config, step, name="blur_npo", params=params)
 
 
-METHOD = Method(name="blur_npo", config_class=BLURNPOConfig, train=train,
-                summary="NPO forget loss with the retain gradient projected off the forget gradient (full-parameter)")
+METHOD = Method(
+    name="blur_npo",
+    config_class=BLURNPOConfig,
+    train=train,
+    summary="NPO forget loss with the retain gradient projected off the forget gradient (full-parameter)",
+)

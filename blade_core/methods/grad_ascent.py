@@ -1,4 +1,5 @@
-"""GradAscent (Jang et al. 2023; Maini et al. 2024, TOFU): gradient ascent on the forget set's NLL, nothing else.
+"""GradAscent (Jang et al. 2023; Maini et al. 2024, TOFU): gradient ascent on the forget set's NLL, nothing
+else.
 
     min_theta  L_GA = -NLL_theta(D_f)
 
@@ -18,7 +19,8 @@ from blade_core.methods.base import Method, RunResult, UnlearnTask
 
 @dataclass
 class GradAscentConfig(BaselineConfig):
-    """GradAscent has no hyperparameters beyond the shared optimiser settings (OpenUnlearning `GradAscent`)."""
+    """GradAscent has no hyperparameters beyond the shared optimiser settings (OpenUnlearning
+    `GradAscent`)."""
 
 
 def train(task: UnlearnTask, config: GradAscentConfig) -> RunResult:
@@ -28,5 +30,9 @@ def train(task: UnlearnTask, config: GradAscentConfig) -> RunResult:
     return run_loop(task, config, weighted_step(objective, 1.0, 0.0), name="grad_ascent")
 
 
-METHOD = Method(name="grad_ascent", config_class=GradAscentConfig, train=train,
-                summary="gradient ascent on the forget NLL (full-parameter)")
+METHOD = Method(
+    name="grad_ascent",
+    config_class=GradAscentConfig,
+    train=train,
+    summary="gradient ascent on the forget NLL (full-parameter)",
+)

@@ -1,4 +1,5 @@
-"""GradDiff (Liu et al. 2022; Maini et al. 2024, TOFU): gradient ascent on the forget set, descent on the retain set.
+"""GradDiff (Liu et al. 2022; Maini et al. 2024, TOFU): gradient ascent on the forget set, descent on the
+retain set.
 
     min_theta  gamma * (-NLL_theta(D_f)) + alpha * NLL_theta(D_r)
 
@@ -30,5 +31,9 @@ def train(task: UnlearnTask, config: GradDiffConfig) -> RunResult:
     return run_loop(task, config, weighted_step(objective, config.gamma, config.alpha), name="grad_diff")
 
 
-METHOD = Method(name="grad_diff", config_class=GradDiffConfig, train=train,
-                summary="gradient ascent on forget + descent on retain (full-parameter)")
+METHOD = Method(
+    name="grad_diff",
+    config_class=GradDiffConfig,
+    train=train,
+    summary="gradient ascent on forget + descent on retain (full-parameter)",
+)

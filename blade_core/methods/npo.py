@@ -1,4 +1,5 @@
-"""NPO (Zhang et al. 2024, "Negative Preference Optimization"), with the retain NLL term (NPO+RT, OpenUnlearning `NPO`).
+"""NPO (Zhang et al. 2024, "Negative Preference Optimization"), with the retain NLL term (NPO+RT,
+OpenUnlearning `NPO`).
 
     min_theta  gamma * -(2/beta) E_{D_f}[log sigma(beta (NLL_theta - NLL_ref))] + alpha * NLL_theta(D_r)
 
@@ -47,5 +48,9 @@ def train(task: UnlearnTask, config: NPOConfig) -> RunResult:
     return run_loop(task, config, step, name="npo")
 
 
-METHOD = Method(name="npo", config_class=NPOConfig, train=train,
-                summary="negative preference optimisation + retain NLL (full-parameter, frozen reference)")
+METHOD = Method(
+    name="npo",
+    config_class=NPOConfig,
+    train=train,
+    summary="negative preference optimisation + retain NLL (full-parameter, frozen reference)",
+)

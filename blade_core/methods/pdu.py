@@ -1,16 +1,17 @@
 """PDU (Entesari et al. 2025, "Constrained Entropic Unlearning: A Primal-Dual Framework for LLMs").
 
-Forgetting flattens the next-token distribution on the forget answers; retention is a constraint, not a weight:
+Forgetting flattens the next-token distribution on the forget answers; retention is a constraint, not a
+weight:
 
     min_theta  L_margin(D_f)   s.t.  NLL_theta(D_r) <= epsilon
     Lagrangian: gamma * L_margin + lambda * (NLL_theta(D_r) - epsilon)
     primal: one AdamW step on theta;  dual: lambda <- max(0, lambda + eta (NLL_theta(D_r) - epsilon))
 
-The dual update is symmetric (lambda falls as readily as it rises) and starts after a warm-up: OpenUnlearning's
-TOFU recipe waits 5 of its 10 epochs, here `dual_warmup_frac` of the steps. The step where the dual updates start
-is the run's T_trans (recorded as `phase` in the history). Departures: the margin loss averages over answer
-positions only (see `logit_margin_loss`); steps instead of epochs (see `_loop.py`). Run it:
-`blade unlearn --model M --forget F --retain R --out DIR --method pdu`.
+The dual update is symmetric (lambda falls as readily as it rises) and starts after a warm-up:
+OpenUnlearning's TOFU recipe waits 5 of its 10 epochs, here `dual_warmup_frac` of the steps. The step where
+the dual updates start is the run's T_trans (recorded as `phase` in the history). Departures: the margin loss
+averages over answer positions only (see `logit_margin_loss`); steps instead of epochs (see `_loop.py`). Run
+it: `blade unlearn --model M --forget F --retain R --out DIR --method pdu`.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class PDUConfig(BaselineConfig):
 
 
 def train(task: UnlearnTask, config: PDUConfig) -> RunResult:
-    warmup_steps = int(math.ceil(config.dual_warmup_frac * config.max_steps))
+    warmup_steps = math.ceil(config.dual_warmup_frac * config.max_steps)
     state = {"lam": config.lambda_init, "step": 0}
 
     def step(micro: Sequence[tuple[Batch, Batch]]) -> StepStats:
@@ -57,11 +58,21 @@ def train(task: UnlearnTask, config: PDUConfig) -> RunResult:
         dual = state["step"] > warmup_steps
         if dual:
             state["lam"] = pdu_dual_update(lam, ret, config.epsilon, config.dual_step_size)
-        return StepStats(L_fgt=fgt, L_ret=ret, lam=state["lam"], epsilon=config.epsilon, r=ret - config.epsilon,
-                         extra={"phase": "dual" if dual else "warmup", "T_trans": warmup_steps + 1})
+        return StepStats(
+            L_fgt=fgt,
+            L_ret=ret,
+            lam=state["lam"],
+            epsilon=config.epsilon,
+            r=ret - config.epsilon,
+            extra={"phase": "dual" if dual else "warmup", "T_trans": warmup_steps + 1},
+        )
 
     return run_loop(task, config, step, name="pdu")
 
 
-METHOD = Method(name="pdu", config_class=PDUConfig, train=train,
-                summary="logit-margin flattening under a retain-loss constraint, primal-dual (full-parameter)")
+METHOD = Method(
+    name="pdu",
+    config_class=PDUConfig,
+    train=train,
+    summary="logit-margin flattening under a retain-loss constraint, primal-dual (full-parameter)",
+)

@@ -5,10 +5,11 @@
     min_theta  gamma * L_fgt + alpha * L_ret
 
 h^l is the output of decoder layer l, u a fixed random unit vector (drawn once per run from `seed`), c the
-steering coefficient, h_ref the frozen starting model. Layer l is scaled to depth: OpenUnlearning steers layer 7
-of Llama-3.2-1B's 16, so a model with L layers uses round(7/16 * L). All parameters train (OpenUnlearning's TOFU
-setting `trainable_params_regex: .*`; WMDP's original trains only three MLP down-projections). Departures from
-OpenUnlearning: see `_loop.py`. Run it: `blade unlearn --model M --forget F --retain R --out DIR --method rmu`.
+steering coefficient, h_ref the frozen starting model. Layer l is scaled to depth: OpenUnlearning steers
+layer 7 of Llama-3.2-1B's 16, so a model with L layers uses round(7/16 * L). All parameters train
+(OpenUnlearning's TOFU setting `trainable_params_regex: .*`; WMDP's original trains only three MLP
+down-projections). Departures from OpenUnlearning: see `_loop.py`. Run it: `blade unlearn --model M --forget
+F --retain R --out DIR --method rmu`.
 """
 
 from __future__ import annotations
@@ -49,8 +50,11 @@ class RMUConfig(BaselineConfig):
 
 def train(task: UnlearnTask, config: RMUConfig) -> RunResult:
     layers = decoder_layers(task.model)
-    index = config.layer if config.layer is not None else rmu_layer_index(
-        len(layers), config.reference_layer, config.reference_depth)
+    index = (
+        config.layer
+        if config.layer is not None
+        else rmu_layer_index(len(layers), config.reference_layer, config.reference_depth)
+    )
     if not 0 <= index < len(layers):
         raise ValueError(f"RMUConfig.layer={index} is out of range for a model with {len(layers)} layers")
     reference = Reference(task.model, config.use_lora)
@@ -65,11 +69,14 @@ def train(task: UnlearnTask, config: RMUConfig) -> RunResult:
         return cache[0]  # (B, T, D)
 
     def objective(forget: Batch, retain: Batch):
-        l_fgt = masked_activation_mse(hidden(task.model, layer, forget), control, forget["labels"] != IGNORE_INDEX)
+        l_fgt = masked_activation_mse(
+            hidden(task.model, layer, forget), control, forget["labels"] != IGNORE_INDEX
+        )
         with reference.active() as ref:
             ref_hidden = hidden(ref, ref_layer, retain)  # (B, T, D)
-        l_ret = masked_activation_mse(hidden(task.model, layer, retain), ref_hidden,
-                                      retain["labels"] != IGNORE_INDEX)
+        l_ret = masked_activation_mse(
+            hidden(task.model, layer, retain), ref_hidden, retain["labels"] != IGNORE_INDEX
+        )
         return l_fgt, l_ret
 
     weighted = weighted_step(objective, config.gamma, config.alpha)
@@ -82,5 +89,9 @@ def train(task: UnlearnTask, config: RMUConfig) -> RunResult:
     return run_loop(task, config, step, name="rmu")
 
 
-METHOD = Method(name="rmu", config_class=RMUConfig, train=train,
-                summary="steer a middle layer's forget activations to a random vector, keep retain ones (full-parameter)")
+METHOD = Method(
+    name="rmu",
+    config_class=RMUConfig,
+    train=train,
+    summary="steer a middle layer's forget activations to a random vector, keep retain ones (full-parameter)",
+)

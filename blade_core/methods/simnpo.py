@@ -1,4 +1,5 @@
-"""SimNPO (Fan et al. 2024, "Simplicity Prevails"): reference-free, length-normalised NPO, plus the retain NLL.
+"""SimNPO (Fan et al. 2024, "Simplicity Prevails"): reference-free, length-normalised NPO, plus the retain
+NLL.
 
     min_theta  gamma * -(2/beta) E_{D_f}[log sigma(beta (NLL_theta/|y| - delta))] + alpha * NLL_theta(D_r)
 
@@ -37,5 +38,9 @@ def train(task: UnlearnTask, config: SimNPOConfig) -> RunResult:
     return run_loop(task, config, weighted_step(objective, config.gamma, config.alpha), name="simnpo")
 
 
-METHOD = Method(name="simnpo", config_class=SimNPOConfig, train=train,
-                summary="reference-free length-normalised NPO + retain NLL (full-parameter)")
+METHOD = Method(
+    name="simnpo",
+    config_class=SimNPOConfig,
+    train=train,
+    summary="reference-free length-normalised NPO + retain NLL (full-parameter)",
+)
