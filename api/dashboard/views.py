@@ -136,9 +136,12 @@ def sign_in_redirect(request: Request, exc: SignInRequired) -> Response:
     return RedirectResponse(f"/dashboard/login?next={quote(exc.next_url)}", status_code=303)
 
 
+FRAGMENTS = frozenset({"overview.html", "requests.html", "model.html"})  # pages with a live part
+
+
 def render(request: Request, name: str, viewer: Viewer | None, **context: Any) -> HTMLResponse:
     """A full page, or with ?fragment=1 only its live part (`_<name>` without the page chrome)."""
-    fragment = bool(request.query_params.get("fragment"))
+    fragment = bool(request.query_params.get("fragment")) and name in FRAGMENTS
     template = f"_{name}" if fragment else name
     return templates.TemplateResponse(
         request, template, {"viewer": viewer, **context}, headers={"Cache-Control": "no-store"}
@@ -146,10 +149,9 @@ def render(request: Request, name: str, viewer: Viewer | None, **context: Any) -
 
 
 def not_found(request: Request, viewer: Viewer, what: str) -> HTMLResponse:
-    response = templates.TemplateResponse(
+    return templates.TemplateResponse(
         request, "not_found.html", {"viewer": viewer, "what": what}, status_code=404
     )
-    return response
 
 
 # --- sign-in ------------------------------------------------------------------------------------------------
@@ -162,9 +164,9 @@ def _safe_next(next_url: str | None) -> str:
 
 
 @router.get("/login", response_class=HTMLResponse)
-def login_page(request: Request, next: str | None = None, error: str | None = None) -> HTMLResponse:
+def login_page(request: Request, next: str | None = None) -> HTMLResponse:
     return templates.TemplateResponse(
-        request, "login.html", {"viewer": None, "next": _safe_next(next), "error": error}
+        request, "login.html", {"viewer": None, "next": _safe_next(next), "error": None}
     )
 
 
