@@ -214,7 +214,7 @@ class CertificateNotFound(LookupError):
 _DIGEST_CACHE: dict[tuple[str, tuple[tuple[str, int, int], ...]], str] = {}
 
 
-def directory_digest(path: Path, *, max_bytes: int = 8 * 2**30) -> str | None:
+def directory_digest(path: Path, *, max_bytes: int = 2 * 2**30) -> str | None:
     """sha256 over the sorted (relative path, file sha256) of a model directory; None when too large.
 
     Cached by the files' names, sizes and modification times, so a certificate does not rehash the model.
