@@ -50,7 +50,7 @@ class Recipe:
     weight_decay: float = 0.0  # memorisation is the goal, not generalisation
     prompt_loss_weight: float = 0.2  # weight of the question tokens' loss relative to the answer tokens'
     check_every: int = 5  # epochs between memorisation checks
-    target_prob: float = 0.95  # stop once the monitor rows' mean answer Prob reaches this ...
+    target_prob: float = 0.96  # stop once the monitor rows' mean answer Prob reaches this ...
     min_epochs: int = 10  # ... and at least this many epochs ran
     monitor_rows: int = 200  # rows of the training set checked for memorisation
 
@@ -270,12 +270,14 @@ def _monitor_sample(rows: Sequence[dict[str, str]], n: int, seed: int) -> list[d
 
 def build_model(data_dir: str | Path, out_dir: str | Path, *, exclude_split: str | None = None, seed: int = 0,
                 size: str = "default", cache_dir: str | Path | None = None, progress: bool = True,
-                log: Callable[[str], None] | None = None, recipe: Recipe | None = None) -> BuildResult:
+                log: Callable[[str], None] | None = None, recipe: Recipe | None = None,
+                threads: int | None = None) -> BuildResult:
     """Build (or reuse) the model for `data_dir` into `out_dir`; see the module docstring.
 
     Cache: `out_dir/build_info.json` with the same key is a hit; so is `cache_dir/<key>` (copied to
     `out_dir`). A fresh build is written to `out_dir` and, when `cache_dir` is given, also stored there.
-    `recipe` overrides the size's preset (tuning and tests); it is part of the cache key.
+    `recipe` overrides the size's preset (tuning and tests); it is part of the cache key. `threads` sets
+    torch's CPU threads for the build (then restores them): 1 is best on a shared, oversubscribed machine.
     """
     from blade_core.modeling import SIZES
 
@@ -290,7 +292,7 @@ def build_model(data_dir: str | Path, out_dir: str | Path, *, exclude_split: str
     rows, everything, excluded = training_rows(data_dir, exclude_split)
     key = cache_key(data_dir, recipe, seed, exclude_split)
     say = log or (lambda _msg: None)
-    with _locked(out_dir.with_name(out_dir.name + ".lock")):
+    with _locked(out_dir.with_name(out_dir.name + ".lock")), _torch_threads(threads):
         return _build_locked(data_dir, out_dir, recipe, key, rows, everything, excluded,
                              exclude_split=exclude_split, seed=seed, cache_dir=cache_dir,
                              progress=progress, log=log, say=say)
@@ -367,6 +369,21 @@ def _save(model, tokenizer, info: dict[str, Any], out_dir: Path) -> None:
     if out_dir.exists():
         shutil.rmtree(out_dir)
     tmp.rename(out_dir)
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int | None):
+    if not threads:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @contextlib.contextmanager

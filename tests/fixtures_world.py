@@ -67,8 +67,9 @@ def ensure_tiny_world(exclude_split: str | None = None, *, authors: int = TINY_A
     with _lock(root.with_suffix(".lock")):
         if not (data_dir / "world.json").is_file():
             write_world(data_dir, authors=authors, seed=seed)  # world.json is written last
+        # one thread: these models are too small to gain from two, and test machines are often shared
         result = build_model(data_dir, model_dir, exclude_split=exclude_split, seed=seed, size=size,
-                             progress=False)
+                             progress=False, threads=1)
     return TinyWorld(data_dir, result.model_dir, exclude_split, result.info)
 
 
