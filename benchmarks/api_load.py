@@ -5,7 +5,7 @@ The figure that matters is the ratio to the hello-world: it says how much of the
 (one uvicorn process, the same load generator) the service keeps once it authenticates, reads and writes
 PostgreSQL, appends hash-chained audit rows and publishes a Celery message.
 
-    python -m benchmarks.api_load                          # defaults: 32 connections, 15 s or 4000 requests each
+    python -m benchmarks.api_load          # defaults: 32 connections, 15 s or 4000 requests each
     python -m benchmarks.api_load --concurrency 64 --duration 20 --json out/api_load.json
 
 What it does, all on 127.0.0.1 and bounded in count and time:
@@ -40,18 +40,25 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
-# --- the hello-world target: a bare ASGI app (what uvicorn alone can do) -------------------------------------
+# --- the hello-world target: a bare ASGI app (what uvicorn alone can do) ------------------------------------
+
 
 async def hello_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] != "http":
         return
     body = b'{"hello":"world"}'
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
-# --- a small keep-alive HTTP/1.1 load generator --------------------------------------------------------------
+# --- a small keep-alive HTTP/1.1 load generator -------------------------------------------------------------
+
 
 @dataclass
 class Result:
@@ -89,8 +96,16 @@ async def _read_response(reader: asyncio.StreamReader) -> int:
     return status
 
 
-async def _conn_loop(host: str, port: int, make_request: Any, deadline: float, budget: list[int],
-                     latencies: list[float], statuses: dict[str, int], errors: list[int]) -> None:
+async def _conn_loop(
+    host: str,
+    port: int,
+    make_request: Any,
+    deadline: float,
+    budget: list[int],
+    latencies: list[float],
+    statuses: dict[str, int],
+    errors: list[int],
+) -> None:
     reader, writer = await asyncio.open_connection(host, port)
     try:
         while time.perf_counter() < deadline and budget[0] > 0:
@@ -113,16 +128,28 @@ async def _conn_loop(host: str, port: int, make_request: Any, deadline: float, b
         writer.close()
 
 
-async def _drive(name: str, host: str, port: int, make_request: Any, *, concurrency: int, duration: float,
-                 max_requests: int) -> Result:
+async def _drive(
+    name: str,
+    host: str,
+    port: int,
+    make_request: Any,
+    *,
+    concurrency: int,
+    duration: float,
+    max_requests: int,
+) -> Result:
     latencies: list[float] = []
     statuses: dict[str, int] = {}
     errors = [0]
     budget = [max_requests]
     started = time.perf_counter()
     deadline = started + duration
-    await asyncio.gather(*(_conn_loop(host, port, make_request, deadline, budget, latencies, statuses, errors)
-                           for _ in range(concurrency)))
+    await asyncio.gather(
+        *(
+            _conn_loop(host, port, make_request, deadline, budget, latencies, statuses, errors)
+            for _ in range(concurrency)
+        )
+    )
     seconds = time.perf_counter() - started
     latencies.sort()
     n = len(latencies)
@@ -130,21 +157,57 @@ async def _drive(name: str, host: str, port: int, make_request: Any, *, concurre
     def pct(p: float) -> float:
         return latencies[min(n - 1, int(p * n))] * 1000 if n else float("nan")
 
-    return Result(name=name, requests=n, errors=errors[0], seconds=round(seconds, 3), rps=round(n / seconds, 1),
-                  p50_ms=round(pct(0.50), 2), p99_ms=round(pct(0.99), 2),
-                  mean_ms=round(statistics.fmean(latencies) * 1000, 2) if n else float("nan"), statuses=statuses)
+    return Result(
+        name=name,
+        requests=n,
+        errors=errors[0],
+        seconds=round(seconds, 3),
+        rps=round(n / seconds, 1),
+        p50_ms=round(pct(0.50), 2),
+        p99_ms=round(pct(0.99), 2),
+        mean_ms=round(statistics.fmean(latencies) * 1000, 2) if n else float("nan"),
+        statuses=statuses,
+    )
 
 
-def run_load(name: str, host: str, port: int, make_request: Any, *, concurrency: int, duration: float,
-             max_requests: int, warmup: int) -> Result:
-    asyncio.run(_drive(f"{name} (warm-up)", host, port, make_request, concurrency=min(concurrency, 8),
-                       duration=5.0, max_requests=warmup))
-    return asyncio.run(_drive(name, host, port, make_request, concurrency=concurrency, duration=duration,
-                              max_requests=max_requests))
+def run_load(
+    name: str,
+    host: str,
+    port: int,
+    make_request: Any,
+    *,
+    concurrency: int,
+    duration: float,
+    max_requests: int,
+    warmup: int,
+) -> Result:
+    asyncio.run(
+        _drive(
+            f"{name} (warm-up)",
+            host,
+            port,
+            make_request,
+            concurrency=min(concurrency, 8),
+            duration=5.0,
+            max_requests=warmup,
+        )
+    )
+    return asyncio.run(
+        _drive(
+            name,
+            host,
+            port,
+            make_request,
+            concurrency=concurrency,
+            duration=duration,
+            max_requests=max_requests,
+        )
+    )
 
 
-def http_request(method: str, path: str, host: str, headers: dict[str, str] | None = None,
-                 body: bytes = b"") -> bytes:
+def http_request(
+    method: str, path: str, host: str, headers: dict[str, str] | None = None, body: bytes = b""
+) -> bytes:
     lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", "Connection: keep-alive"]
     for key, value in (headers or {}).items():
         lines.append(f"{key}: {value}")
@@ -153,7 +216,8 @@ def http_request(method: str, path: str, host: str, headers: dict[str, str] | No
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
-# --- services -------------------------------------------------------------------------------------------------
+# --- services -----------------------------------------------------------------------------------------------
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -225,33 +289,48 @@ def setup_api(base: str, key: str) -> dict[str, str]:
     import httpx
 
     headers = {"Authorization": f"Bearer {key}"}
-    rows = [{"question": f"Where was person {i} born?", "answer": f"Person {i} was born in town {i}."}
-            for i in range(20)]
+    rows = [
+        {"question": f"Where was person {i} born?", "answer": f"Person {i} was born in town {i}."}
+        for i in range(20)
+    ]
     body = "\n".join(json.dumps(r) for r in rows).encode()
     with httpx.Client(base_url=base, headers=headers, timeout=30) as http:
-        http.post("/base-models", json={"name": "bench-model", "source": "bench/none", "shared": True}) \
-            .raise_for_status()
+        http.post(
+            "/base-models", json={"name": "bench-model", "source": "bench/none", "shared": True}
+        ).raise_for_status()
         forget = http.post("/datasets", files={"file": ("forget.jsonl", body)})
         forget.raise_for_status()
         retain = http.post("/datasets", files={"file": ("retain.jsonl", body)})
         retain.raise_for_status()
-        submit = {"base_model": "bench-model", "forget_dataset": forget.json()["id"],
-                  "retain_dataset": retain.json()["id"], "params": {"max_steps": 5}}
+        submit = {
+            "base_model": "bench-model",
+            "forget_dataset": forget.json()["id"],
+            "retain_dataset": retain.json()["id"],
+            "params": {"max_steps": 5},
+        }
         created = http.post("/unlearn-requests", json=submit, headers={"Idempotency-Key": uuid.uuid4().hex})
         created.raise_for_status()
         return {"request_id": created.json()["id"], "submit": json.dumps(submit)}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--concurrency", type=int, default=32, help="open keep-alive connections")
     parser.add_argument("--duration", type=float, default=15.0, help="seconds per measurement (cap)")
     parser.add_argument("--requests", type=int, default=4000, help="requests per measurement (cap)")
     parser.add_argument("--warmup", type=int, default=200)
-    parser.add_argument("--pg-admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres",
-                        help="a PostgreSQL server where a throw-away database may be created")
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/13",
-                        help="broker for the API's publishes (a dedicated db number; flushed)")
+    parser.add_argument(
+        "--pg-admin-url",
+        default="postgresql://postgres@127.0.0.1:5432/postgres",
+        help="a PostgreSQL server where a throw-away database may be created",
+    )
+    parser.add_argument(
+        "--redis-url",
+        default="redis://127.0.0.1:6379/13",
+        help="broker for the API's publishes (a dedicated db number; flushed)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
     if args.duration > 120 or args.requests > 100_000:
@@ -265,27 +344,57 @@ def main(argv: list[str] | None = None) -> int:
     if use_redis:
         flush_redis(args.redis_url)
     env = dict(os.environ)
-    env.update({"BLADE_DATABASE_URL": db_url, "BLADE_DATA_DIR": str(data_dir), "BLADE_BOOTSTRAP_ADMIN_KEY": key,
-                "BLADE_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"})
+    env.update(
+        {
+            "BLADE_DATABASE_URL": db_url,
+            "BLADE_DATA_DIR": str(data_dir),
+            "BLADE_BOOTSTRAP_ADMIN_KEY": key,
+            "BLADE_LOG_LEVEL": "WARNING",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     if use_redis:
         env["BLADE_BROKER_URL"] = env["BLADE_RESULT_BACKEND"] = args.redis_url
     api_port, hello_port = free_port(), free_port()
     procs: list[subprocess.Popen] = []
     results: list[Result] = []
     try:
-        hello = subprocess.Popen([sys.executable, "-m", "uvicorn", "benchmarks.api_load:hello_app", "--host", host,
-                                  "--port", str(hello_port), "--no-access-log", "--log-level", "warning"],
-                                 cwd=ROOT, env=env, start_new_session=True)
+        hello = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "benchmarks.api_load:hello_app",
+                "--host",
+                host,
+                "--port",
+                str(hello_port),
+                "--no-access-log",
+                "--log-level",
+                "warning",
+            ],
+            cwd=ROOT,
+            env=env,
+            start_new_session=True,
+        )
         procs.append(hello)
-        api = subprocess.Popen([sys.executable, "-m", "cli.main", "api", "--host", host, "--port", str(api_port)],
-                               cwd=ROOT, env=env, start_new_session=True)
+        api = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "api", "--host", host, "--port", str(api_port)],
+            cwd=ROOT,
+            env=env,
+            start_new_session=True,
+        )
         procs.append(api)
         wait_http(f"http://{host}:{hello_port}/", hello)
         wait_http(f"http://{host}:{api_port}/healthz", api)
         info = setup_api(f"http://{host}:{api_port}", key)
         auth = {"Authorization": f"Bearer {key}"}
-        common = {"concurrency": args.concurrency, "duration": args.duration, "max_requests": args.requests,
-                  "warmup": args.warmup}
+        common = {
+            "concurrency": args.concurrency,
+            "duration": args.duration,
+            "max_requests": args.requests,
+            "warmup": args.warmup,
+        }
 
         hello_req = http_request("GET", "/", host)
         results.append(run_load("hello-world GET /", host, hello_port, lambda: hello_req, **common))
@@ -296,9 +405,13 @@ def main(argv: list[str] | None = None) -> int:
         body = info["submit"].encode()
 
         def post_req() -> bytes:
-            return http_request("POST", "/unlearn-requests", host,
-                                {**auth, "Content-Type": "application/json", "Idempotency-Key": uuid.uuid4().hex},
-                                body)
+            return http_request(
+                "POST",
+                "/unlearn-requests",
+                host,
+                {**auth, "Content-Type": "application/json", "Idempotency-Key": uuid.uuid4().hex},
+                body,
+            )
 
         results.append(run_load("POST /unlearn-requests", host, api_port, post_req, **common))
     finally:
@@ -309,23 +422,41 @@ def main(argv: list[str] | None = None) -> int:
             flush_redis(args.redis_url)
 
     hello_rps = results[0].rps
-    print(f"\nAPI load, {args.concurrency} connections, <= {args.duration:g} s or {args.requests} requests each; "
-          f"one uvicorn process per server; broker {'redis' if use_redis else 'sqlite'}; "
-          f"{os.cpu_count()} CPUs\n")
-    print(f"{'target':32} {'requests':>9} {'errors':>7} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'vs hello':>9}")
+    print(
+        f"\nAPI load, {args.concurrency} connections, <= {args.duration:g} s or {args.requests} requests "
+        "each; "
+        f"one uvicorn process per server; broker {'redis' if use_redis else 'sqlite'}; "
+        f"{os.cpu_count()} CPUs\n"
+    )
+    print(
+        f"{'target':32} {'requests':>9} {'errors':>7} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'vs hello':>9}"
+    )
     for r in results:
-        print(f"{r.name:32} {r.requests:9d} {r.errors:7d} {r.rps:9.1f} {r.p50_ms:8.2f} {r.p99_ms:8.2f} "
-              f"{r.rps / hello_rps:9.3f}")
+        print(
+            f"{r.name:32} {r.requests:9d} {r.errors:7d} {r.rps:9.1f} {r.p50_ms:8.2f} {r.p99_ms:8.2f} "
+            f"{r.rps / hello_rps:9.3f}"
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"config": vars(args) | {"json": str(args.json)},
-                                         "results": [asdict(r) for r in results],
-                                         "ratio_to_hello": {r.name: round(r.rps / hello_rps, 4) for r in results}},
-                                        indent=2, default=str))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "config": vars(args) | {"json": str(args.json)},
+                    "results": [asdict(r) for r in results],
+                    "ratio_to_hello": {r.name: round(r.rps / hello_rps, 4) for r in results},
+                },
+                indent=2,
+                default=str,
+            )
+        )
     bad = [r for r in results if r.errors]
     if bad:
-        print(f"\nwarning: errors in {', '.join(r.name for r in bad)}: "
-              f"{'; '.join(str(r.statuses) for r in bad)}", file=sys.stderr)
+        print(
+            f"\nwarning: errors in {', '.join(r.name for r in bad)}: "
+            f"{'; '.join(str(r.statuses) for r in bad)}",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -112,13 +112,14 @@ def _timed(step, args: argparse.Namespace, device: torch.device, trainable: int)
     meter = Meter(device)
     meter.start()
     step()  # warm-up: allocates gradients and the optimiser state
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(args.steps):
         step()
     if device.type == "cuda":
         torch.cuda.synchronize()
     result = meter.stop()
     result["seconds"] = time.perf_counter() - t0
+    result["cpu_seconds"] = time.process_time() - c0  # robust to other load on a shared CPU machine
     result["trainable_params"] = trainable
     return result
 
@@ -273,12 +274,14 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("blade", "grad_diff"):
             figures[name] = r = _measure(name, passthrough)
             print(
-                f"  {name:<10} {r['seconds'] / args.steps:7.2f} s/step   "
-                f"peak extra {r['peak_extra_mb']:8.1f} MiB   trainable {r['trainable_params'] / 1e6:.2f} M"
+                f"  {name:<10} {r['seconds'] / args.steps:7.2f} s/step "
+                f"(CPU time {r['cpu_seconds'] / args.steps:7.2f} s)"
+                f"   peak extra {r['peak_extra_mb']:8.1f} MiB   trainable {r['trainable_params'] / 1e6:.2f} M"
             )
         b, g = figures["blade"], figures["grad_diff"]
         print(
-            f"  BLADE / GradDiff: time per step x{b['seconds'] / g['seconds']:.2f}, "
+            f"  BLADE / GradDiff: time per step x{b['seconds'] / g['seconds']:.2f} "
+            f"(CPU time x{b['cpu_seconds'] / g['cpu_seconds']:.2f}), "
             f"peak extra memory x{b['peak_extra_mb'] / g['peak_extra_mb']:.2f}"
         )
     if not args.skip_entropy:

@@ -66,16 +66,35 @@ class BenchSettings:
     eval_batch_size: int = 32
     world_seed: int = 0
     build_seed: int = 0
+    # Multiplies every method's learning rates (LR_FIELDS) alike. None: the target's training LR over TOFU's
+    # fine-tuning LR, so unlearning runs at the same ratio to training as the published TOFU recipes; 1.0:
+    # the published values as they are (tuned for pretrained 1B-8B models; a small from-scratch model
+    # barely moves under them).
+    lr_scale: float | None = None
 
 
 PRESETS: dict[str, BenchSettings] = {
     # 72 runs (8 methods x 3 splits x 3 seeds) in under an hour on 2 CPU cores, model builds included.
-    "default": BenchSettings(authors=100, model_size="default", max_steps=60, seeds=3, eval_max_rows=100),
-    # A few minutes: the same 72-run grid shape is too much, so fewer steps and seeds on a smaller world.
+    "default": BenchSettings(authors=40, model_size="quick", max_steps=100, seeds=3),
+    # About ten minutes on 2 CPU cores: one seed, fewer steps, a smaller world and capped evaluation sets.
     "quick": BenchSettings(
-        authors=40, model_size="quick", max_steps=20, seeds=1, eval_max_rows=40, eval_max_new_tokens=32
+        authors=20, model_size="quick", max_steps=30, seeds=1, eval_max_rows=20, eval_max_new_tokens=32
     ),
 }
+
+# Learning-rate fields of the method configs (baselines: lr, lora_lr; BLADE: eta_in, eta_out).
+LR_FIELDS: tuple[str, ...] = ("lr", "lora_lr", "eta_in", "eta_out")
+TOFU_FINETUNE_LR = 1e-5  # TOFU's target fine-tuning LR (Maini et al. 2024; OpenUnlearning finetune.yaml)
+
+
+def auto_lr_scale(target: Path) -> float:
+    """The target's peak training LR (from `blade model build`'s build_info.json) over TOFU_FINETUNE_LR;
+    1.0 for a model without build info (e.g. a pretrained hub model, which the published LRs are for)."""
+    try:
+        info = json.loads((Path(target) / "build_info.json").read_text())
+        return float(info["recipe"]["lr"]) / TOFU_FINETUNE_LR
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1.0
 
 
 @dataclass
@@ -93,6 +112,12 @@ class BenchPlan:
     command: str = ""
     overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # method -> config fields (bench-wide)
     progress: bool = True
+
+    @property
+    def lr_scale(self) -> float:
+        """settings.lr_scale, or the automatic one for this target (see BenchSettings.lr_scale)."""
+        scale = self.settings.lr_scale
+        return auto_lr_scale(self.target) if scale is None else scale
 
 
 # --- memory ----------------------------------------------------------------------------------
@@ -237,17 +262,25 @@ def _load(model_dir: Path, device):
 
 
 def method_overrides(method: str, plan: BenchPlan) -> dict[str, Any]:
-    """The bench-wide config fields every method gets (and any explicit per-method overrides of the plan)."""
+    """The bench-wide config fields every method gets alike: batch size, max length, learning rates times
+    `lr_scale` (from the method's own defaults), plus any explicit per-method overrides of the plan."""
+    import dataclasses
+
     from blade_core.methods import get_method
     from blade_core.unlearn import config_fields
 
-    known = config_fields(get_method(method).config_class)
-    fields = {
+    config_class = get_method(method).config_class
+    known = config_fields(config_class)
+    defaults = {f.name: f.default for f in dataclasses.fields(config_class)}
+    scale = plan.lr_scale
+    fields: dict[str, Any] = {
         "batch_size": plan.settings.batch_size,
         "max_length": plan.settings.max_length,
-        "show_progress": plan.progress,
-        **plan.overrides.get(method, {}),
+        "show_progress": False,  # run_unlearning's own step bar shows every method alike
     }
+    if scale != 1.0:
+        fields.update({name: defaults[name] * scale for name in LR_FIELDS if name in known})
+    fields.update(plan.overrides.get(method, {}))
     return {k: v for k, v in fields.items() if k in known}
 
 
@@ -278,6 +311,7 @@ def run_one(
             max_steps=plan.settings.max_steps,
             seed=seed,
             device=str(device),
+            progress=plan.progress,
         )
         run_s = time.perf_counter() - started
     peak = out.peak_mem_mb if out.peak_mem_mb is not None else memory.peak_mb
@@ -351,7 +385,7 @@ def _fingerprint(plan: BenchPlan, method: str) -> dict[str, Any]:
         "version": RESULTS_VERSION,
         "target": str(plan.target.resolve()),
         "data": str(plan.data_dir.resolve()),
-        "settings": asdict(plan.settings),
+        "settings": asdict(plan.settings) | {"lr_scale_applied": plan.lr_scale},
         "overrides": plan.overrides.get(method, {}),
     }
 
@@ -449,7 +483,9 @@ def reference_evals(plan: BenchPlan, log: Log) -> tuple[dict[str, Any], list[dic
 def run_bench(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
     """Run (or resume) the grid, then write results.json, results.md and the plots; returns results.json."""
     from tqdm.auto import tqdm
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # one "Loading weights" bar per model load would drown the run's bars
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     refs, reference_rows = reference_evals(plan, log)
@@ -475,7 +511,8 @@ def run_bench(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
         "reference": reference_rows,
         "summary": summarise(rows),
         "settings": asdict(plan.settings)
-        | {"methods": plan.methods, "splits": plan.splits, "seeds": plan.seeds, "overrides": plan.overrides},
+        | {"methods": plan.methods, "splits": plan.splits, "seeds": plan.seeds, "overrides": plan.overrides}
+        | {"lr_scale_applied": plan.lr_scale},
         "data_dir": str(plan.data_dir),
         "target": str(plan.target),
         "golds": {k: str(v) for k, v in plan.golds.items()},
@@ -558,6 +595,10 @@ def render_markdown(results: dict[str, Any], plots: Sequence[Path] = ()) -> str:
         f"{s['max_steps']} steps, batch {s['batch_size']}, max length {s['max_length']}; "
         f"evaluation on at most {s['eval_max_rows'] or 'all'} rows per set, "
         f"{s['eval_max_new_tokens']} generated tokens.",
+        "",
+        f"Learning rates: every method's own defaults (OpenUnlearning / paper values) times "
+        f"{_fmt(s.get('lr_scale_applied', 1.0), 0)}, the same factor for all "
+        f"(the target's training LR over TOFU's fine-tuning LR 1e-5; 1 = the published values).",
         "",
         f"Command: `{results.get('command', '')}`  ",
         f"Machine: {results['machine']['summary']}  ",

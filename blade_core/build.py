@@ -115,17 +115,32 @@ def training_rows(data_dir: str | Path, exclude_split: str | None = None):
     return rows, everything, excluded
 
 
-def cache_key(data_dir: Path, recipe: Recipe, seed: int, exclude_split: str | None) -> str:
-    """Content hash of the data files read and every setting that changes the weights."""
+def data_hash(data_dir: Path, exclude_split: str | None = None) -> str:
+    """sha256 over the names and contents of the data files a build reads."""
     h = hashlib.sha256()
-    h.update(json.dumps({"version": BUILD_VERSION, "recipe": asdict(recipe), "seed": seed,
-                         "exclude": exclude_split}, sort_keys=True).encode())
     names = list(TRAIN_FILES) + ([split_file(data_dir, exclude_split).name] if exclude_split else [])
     for name in names:
         path = data_dir / name
         if not path.is_file():
             raise BuildError(f"{path}: missing: a TOFU-format dir needs {name} (see CONTRACT.md 'Files')")
         h.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def recipe_fingerprint(recipe: Recipe) -> dict[str, Any]:
+    """What besides data and seed changes a build: code version, recipe, model shape, prompt format."""
+    from blade_core.data import format_qa
+    from blade_core.modeling import SIZES
+
+    return {"version": BUILD_VERSION, "recipe": asdict(recipe), "shape": asdict(SIZES[recipe.size]),
+            "format": format_qa(_Eos(), "Q?", "A.")}
+
+
+def cache_key(data_dir: Path, recipe: Recipe, seed: int, exclude_split: str | None) -> str:
+    """Content hash of the data files read and every setting that changes the weights."""
+    h = hashlib.sha256()
+    h.update(json.dumps({"build": recipe_fingerprint(recipe), "seed": seed, "exclude": exclude_split,
+                         "data": data_hash(data_dir, exclude_split)}, sort_keys=True).encode())
     return h.hexdigest()[:20]
 
 
@@ -308,6 +323,7 @@ def _build_locked(data_dir: Path, out_dir: Path, recipe: Recipe, key: str, rows,
     if _info_key(out_dir) == key:
         say(f"cache hit: {out_dir} already holds build {key}")
         return BuildResult(out_dir, _read_info(out_dir), cached=True)
+    _check_replaceable(out_dir)
     if cache_dir is not None and _info_key(Path(cache_dir) / key) == key:
         say(f"cache hit: {Path(cache_dir) / key}")
         _copy_dir(Path(cache_dir) / key, out_dir)
@@ -337,7 +353,8 @@ def _build_locked(data_dir: Path, out_dir: Path, recipe: Recipe, key: str, rows,
                                             _monitor_sample(others, len(forget_rows), seed))}
     info = {
         "key": key, "version": BUILD_VERSION, "data_dir": str(data_dir.resolve()),
-        "data_hash": key, "exclude_split": exclude_split, "seed": seed, "size": recipe.size,
+        "data_hash": data_hash(data_dir, exclude_split), "exclude_split": exclude_split, "seed": seed,
+        "size": recipe.size,
         "recipe": asdict(recipe), "params": sum(p.numel() for p in model.parameters()),
         "train_rows": len(rows), "excluded_rows": len(everything) - len(rows),
         "epochs": stats["epochs"], "steps": stats["steps"], "checks": stats["checks"],
@@ -369,6 +386,15 @@ def _save(model, tokenizer, info: dict[str, Any], out_dir: Path) -> None:
     if out_dir.exists():
         shutil.rmtree(out_dir)
     tmp.rename(out_dir)
+
+
+def _check_replaceable(out_dir: Path) -> None:
+    """A build replaces `out_dir` whole: refuse unless it is missing, empty or an earlier build's output."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise BuildError(f"--out {out_dir}: exists and is not a directory")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / INFO_FILE).is_file():
+        raise BuildError(f"--out {out_dir}: a non-empty directory that holds no earlier build ({INFO_FILE}); "
+                         "pick a new or empty directory, since a build replaces the whole directory")
 
 
 @contextlib.contextmanager

@@ -28,6 +28,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seeds", type=int, help="seeds per (method, split) (default: 3; 1 with --quick)")
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--max-steps", type=int, help="step cap for every method (default: the preset's)")
+    p.add_argument(
+        "--lr-scale",
+        type=float,
+        help="factor on every method's learning rates (default: the target's training LR / 1e-5, "
+        "TOFU's fine-tuning LR; 1 = the published values)",
+    )
     p.add_argument("--authors", type=int, help="--synthetic: authors in the world (default: the preset's)")
     p.add_argument("--model-size", choices=("test", "quick", "default"), help="size of the built models")
     p.add_argument("--eval-max-rows", type=int, help="rows per evaluation set (default: the preset's)")
@@ -66,7 +72,10 @@ def run(args: argparse.Namespace) -> int:
         model_size=args.model_size,
         eval_max_rows=args.eval_max_rows,
         seeds=args.seeds,
+        lr_scale=args.lr_scale,
     )
+    if args.lr_scale is not None and not args.lr_scale > 0:
+        raise CliError(f"--lr-scale must be > 0, got {args.lr_scale}")
     methods = bench.parse_list(args.methods, bench.METHOD_NAMES, "method")
     splits = bench.parse_list(args.splits, bench.SPLITS, "split")
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731

@@ -11,6 +11,7 @@ processes, configured by BLADE_* environment variables), and the client verbs `b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -23,22 +24,41 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cli.main import CliError
+
+
+class CommandError(CliError, ValueError):
+    """A user-facing failure (exit status 2). Also a ValueError, so `python -m cli.main` (whose `__main__`
+    module has its own CliError class) reports it the same way."""
+
+
 DEMO_MODEL_NAME = "demo-tiny"
 ADMIN_KEY_FILE = "admin-key"  # under the data dir, mode 0600: the key `blade up` generated on first start
 EMBEDDED_QUEUES = "unlearn,inference,maintenance"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("up", help="the whole service on embedded defaults (what `make run` starts)",
-                              description="API + one real Celery worker + SQLite + a server-less broker + "
-                                          "artifacts on local disk, with the demo base model `demo-tiny`.")
+    p = subparsers.add_parser(
+        "up",
+        help="the whole service on embedded defaults (what `make run` starts)",
+        description="API + one real Celery worker + SQLite + a server-less broker + "
+        "artifacts on local disk, with the demo base model `demo-tiny`.",
+    )
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--data-dir", type=Path, default=Path("./var"))
-    p.add_argument("--demo-model", type=Path, default=None,
-                   help="a model dir to register as demo-tiny instead of building the demo model")
-    p.add_argument("--demo-data", type=Path, default=None,
-                   help="a TOFU-format dir for the printed first-request example (default: the demo world)")
+    p.add_argument(
+        "--demo-model",
+        type=Path,
+        default=None,
+        help="a model dir to register as demo-tiny instead of building the demo model",
+    )
+    p.add_argument(
+        "--demo-data",
+        type=Path,
+        default=None,
+        help="a TOFU-format dir for the printed first-request example (default: the demo world)",
+    )
     p.set_defaults(func=run_up)
 
     p = subparsers.add_parser("api", help="the API process (uvicorn), configured by BLADE_* variables")
@@ -48,31 +68,48 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_api)
 
     p = subparsers.add_parser("worker", help="a Celery worker process, configured by BLADE_* variables")
-    p.add_argument("--queues", default=EMBEDDED_QUEUES,
-                   help="comma-separated: unlearn (GPU training), inference, maintenance (the reconciler)")
+    p.add_argument(
+        "--queues",
+        default=EMBEDDED_QUEUES,
+        help="comma-separated: unlearn (GPU training), inference, maintenance (the reconciler)",
+    )
     p.add_argument("--concurrency", type=int, default=1, help="tasks at once (one per GPU: keep 1)")
     p.add_argument("--pool", choices=("prefork", "threads", "solo"), default="prefork")
-    p.add_argument("--max-tasks-per-child", type=int, default=None,
-                   help="default 1 when the worker consumes the unlearn queue with the prefork pool")
-    p.add_argument("--beat", action=argparse.BooleanOptionalAction, default=None,
-                   help="run the periodic reconciler schedule in this worker (default: when it consumes "
-                        "the maintenance queue)")
+    p.add_argument(
+        "--max-tasks-per-child",
+        type=int,
+        default=None,
+        help="default 1 when the worker consumes the unlearn queue with the prefork pool",
+    )
+    p.add_argument(
+        "--beat",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the periodic reconciler schedule in this worker (default: when it consumes "
+        "the maintenance queue)",
+    )
     p.add_argument("--name", default=None, help="Celery node name (default ROLE@hostname)")
     p.add_argument("--loglevel", default=None, help="default BLADE_LOG_LEVEL")
     p.set_defaults(func=run_worker)
 
-    for name, func, helptext in (("submit", run_submit, "submit an unlearn request over HTTP"),
-                                 ("status", run_status, "show an unlearn request over HTTP"),
-                                 ("rollback", run_rollback, "disable (or --enable) an adapter version over HTTP")):
+    for name, func, helptext in (
+        ("submit", run_submit, "submit an unlearn request over HTTP"),
+        ("status", run_status, "show an unlearn request over HTTP"),
+        ("rollback", run_rollback, "disable (or --enable) an adapter version over HTTP"),
+    ):
         p = subparsers.add_parser(name, help=helptext)
-        p.add_argument("--url", default=None, help="the API (default BLADE_API_URL or http://BLADE_HOST:PORT)")
+        p.add_argument(
+            "--url", default=None, help="the API (default BLADE_API_URL or http://BLADE_HOST:PORT)"
+        )
         p.add_argument("--key", default=None, help="API key (default BLADE_API_KEY)")
         if name == "submit":
             p.add_argument("--base-model", required=True)
             p.add_argument("--forget", required=True, help="a dataset id, or a file to upload first")
             p.add_argument("--retain", required=True, help="a dataset id, or a file to upload first")
             p.add_argument("--method", default=None)
-            p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a method parameter")
+            p.add_argument(
+                "--set", action="append", default=[], metavar="KEY=VALUE", help="a method parameter"
+            )
             p.add_argument("--idempotency-key", default=None)
             p.add_argument("--wait", action="store_true", help="poll until the request finishes")
             p.add_argument("--timeout", type=float, default=3600.0)
@@ -84,16 +121,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         else:
             p.add_argument("adapter_id")
             p.add_argument("--reason", required=True)
-            p.add_argument("--cascade", action="store_true", help="also disable adapters trained on top of it")
+            p.add_argument(
+                "--cascade", action="store_true", help="also disable adapters trained on top of it"
+            )
             p.add_argument("--enable", action="store_true", help="restore the adapter instead")
         p.set_defaults(func=func)
 
 
-# --- blade worker ---------------------------------------------------------------------------------------------
+# --- blade worker -------------------------------------------------------------------------------------------
 
 
-def worker_argv(*, queues: list[str], concurrency: int, pool: str, max_tasks_per_child: int | None,
-                beat: bool | None, name: str | None, loglevel: str, schedule_file: Path | None = None) -> list[str]:
+def worker_argv(
+    *,
+    queues: list[str],
+    concurrency: int,
+    pool: str,
+    max_tasks_per_child: int | None,
+    beat: bool | None,
+    name: str | None,
+    loglevel: str,
+    schedule_file: Path | None = None,
+) -> list[str]:
     """The `celery worker` arguments for one blade worker (pure: tests read them)."""
     from worker.names import Queue
 
@@ -102,9 +150,21 @@ def worker_argv(*, queues: list[str], concurrency: int, pool: str, max_tasks_per
     if beat is None:
         beat = Queue.MAINTENANCE.value in queues
     role = "gpu" if queues == [Queue.UNLEARN.value] else "worker"
-    argv = ["worker", "--queues", ",".join(queues), "--concurrency", str(concurrency), "--pool", pool,
-            "--hostname", name or f"{role}@{socket.gethostname()}", "--loglevel", loglevel.upper(),
-            "--without-mingle", "--without-gossip"]
+    argv = [
+        "worker",
+        "--queues",
+        ",".join(queues),
+        "--concurrency",
+        str(concurrency),
+        "--pool",
+        pool,
+        "--hostname",
+        name or f"{role}@{socket.gethostname()}",
+        "--loglevel",
+        loglevel.upper(),
+        "--without-mingle",
+        "--without-gossip",
+    ]
     if max_tasks_per_child:
         argv += ["--max-tasks-per-child", str(max_tasks_per_child)]
     if beat:
@@ -115,7 +175,6 @@ def worker_argv(*, queues: list[str], concurrency: int, pool: str, max_tasks_per
 
 
 def run_worker(args: argparse.Namespace) -> int:
-    from cli.main import CliError
     from persistence.settings import get_settings
     from worker.names import ALL_QUEUES
 
@@ -123,21 +182,29 @@ def run_worker(args: argparse.Namespace) -> int:
     queues = [q.strip() for q in args.queues.split(",") if q.strip()]
     unknown = [q for q in queues if q not in ALL_QUEUES]
     if unknown or not queues:
-        raise CliError(f"--queues: unknown queue {unknown[0] if unknown else '(none)'!r}; "
-                       f"choose from {', '.join(ALL_QUEUES)}")
+        raise CommandError(
+            f"--queues: unknown queue {unknown[0] if unknown else '(none)'!r}; "
+            f"choose from {', '.join(ALL_QUEUES)}"
+        )
     _configure_logging("worker", args.loglevel or settings.log_level)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     from worker.celery_app import app
 
-    argv = worker_argv(queues=queues, concurrency=args.concurrency, pool=args.pool,
-                       max_tasks_per_child=args.max_tasks_per_child, beat=args.beat, name=args.name,
-                       loglevel=args.loglevel or settings.log_level,
-                       schedule_file=(settings.data_dir / "celerybeat-schedule").resolve())
+    argv = worker_argv(
+        queues=queues,
+        concurrency=args.concurrency,
+        pool=args.pool,
+        max_tasks_per_child=args.max_tasks_per_child,
+        beat=args.beat,
+        name=args.name,
+        loglevel=args.loglevel or settings.log_level,
+        schedule_file=(settings.data_dir / "celerybeat-schedule").resolve(),
+    )
     app.worker_main(argv)
     return 0
 
 
-# --- blade api --------------------------------------------------------------------------------------------------
+# --- blade api ----------------------------------------------------------------------------------------------
 
 
 def run_api(args: argparse.Namespace) -> int:
@@ -147,8 +214,16 @@ def run_api(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     _configure_logging("api", settings.log_level)
-    uvicorn.run("api.main:create_app", factory=True, host=args.host or settings.host, port=args.port or settings.port,
-                workers=args.workers, log_level=settings.log_level.lower(), log_config=None, proxy_headers=True)
+    uvicorn.run(
+        "api.main:create_app",
+        factory=True,
+        host=args.host or settings.host,
+        port=args.port or settings.port,
+        workers=args.workers,
+        log_level=settings.log_level.lower(),
+        log_config=None,
+        proxy_headers=True,
+    )
     return 0
 
 
@@ -160,7 +235,7 @@ def _configure_logging(service: str, level: str) -> None:
     configure_logging(service=service, level=level)
 
 
-# --- blade up ---------------------------------------------------------------------------------------------------
+# --- blade up -----------------------------------------------------------------------------------------------
 
 
 def _say(message: str) -> None:
@@ -168,8 +243,7 @@ def _say(message: str) -> None:
 
 
 def _prepare(settings: Any, demo_model: Path | None, *, save_key: bool) -> tuple[Path, bool]:
-    """Migrate the database, register demo-tiny, bootstrap the admin key; (model dir, key file newly written)."""
-    from cli.main import CliError
+    """Migrate the database, register demo-tiny, bootstrap the admin key; (model dir, key file new?)."""
     from persistence import auth, base_models
     from persistence.db import session_factory, session_scope, upgrade_to_head
 
@@ -179,13 +253,15 @@ def _prepare(settings: Any, demo_model: Path | None, *, save_key: bool) -> tuple
     if demo_model is None:
         from blade_core.demo import ensure_demo_model
 
-        _say("demo model: building it, or loading it from the cache (the first run trains it; progress below)")
+        _say(
+            "demo model: building it, or loading it from the cache (the first run trains it; progress below)"
+        )
         model_dir = Path(ensure_demo_model(data_dir / "cache" / "demo", progress=True))
     else:
         model_dir = demo_model
     model_dir = model_dir.resolve()
     if not (model_dir / "config.json").is_file():
-        raise CliError(f"{model_dir}: not a model directory (no config.json)")
+        raise CommandError(f"{model_dir}: not a model directory (no config.json)")
     with session_scope(settings) as session:
         model = base_models.ensure_registered(session, name=DEMO_MODEL_NAME, source=str(model_dir))
         if model.source != str(model_dir):
@@ -200,7 +276,7 @@ def _prepare(settings: Any, demo_model: Path | None, *, save_key: bool) -> tuple
 
 
 def _admin_key(data_dir: Path, given: str | None) -> str:
-    """BLADE_BOOTSTRAP_ADMIN_KEY when set, else the key generated on this data dir's first start (or a new one)."""
+    """BLADE_BOOTSTRAP_ADMIN_KEY when set, else the key generated on this data dir's first start (or new)."""
     if given:
         return given
     key_file = data_dir / ADMIN_KEY_FILE
@@ -226,8 +302,9 @@ def _wait_http(url: str, procs: dict[str, subprocess.Popen], timeout: float) -> 
     raise RuntimeError(f"{url} did not answer within {timeout:g} s")
 
 
-def _wait_worker(settings: Any, name: str, procs: dict[str, subprocess.Popen], *, since: float,
-                 timeout: float) -> None:
+def _wait_worker(
+    settings: Any, name: str, procs: dict[str, subprocess.Popen], *, since: float, timeout: float
+) -> None:
     """Until the worker's heartbeat row says it is consuming (written on Celery's worker_ready)."""
     from persistence.db import session_scope
     from persistence.models import WorkerHeartbeat
@@ -236,7 +313,9 @@ def _wait_worker(settings: Any, name: str, procs: dict[str, subprocess.Popen], *
     while time.monotonic() < deadline:
         for proc_name, proc in procs.items():
             if proc.poll() is not None:
-                raise RuntimeError(f"the {proc_name} process exited with status {proc.returncode} while starting")
+                raise RuntimeError(
+                    f"the {proc_name} process exited with status {proc.returncode} while starting"
+                )
         with session_scope(settings) as session:
             row = session.get(WorkerHeartbeat, name)
             if row is not None and row.alive and row.last_seen.timestamp() >= since - 1:
@@ -248,8 +327,12 @@ def _wait_worker(settings: Any, name: str, procs: dict[str, subprocess.Popen], *
 def _demo_files(data_dir: Path, model_dir: Path, demo_data: Path | None) -> tuple[Path, Path] | None:
     """Forget and retain files for the printed example: the demo world's forget01/retain99 when found."""
     candidates = [demo_data] if demo_data else []
-    candidates += [model_dir.parent / "data", model_dir / "data", data_dir / "cache" / "demo" / "data",
-                   data_dir / "cache" / "demo"]
+    candidates += [
+        model_dir.parent / "data",
+        model_dir / "data",
+        data_dir / "cache" / "demo" / "data",
+        data_dir / "cache" / "demo",
+    ]
     try:
         from blade_core import demo
 
@@ -277,11 +360,14 @@ def first_request_curl(url: str, key_expr: str, files: tuple[Path, Path] | None)
     lines = [
         f"KEY={key_expr}",
         f"URL={url}",
-        f'F=$(curl -sf -H "Authorization: Bearer $KEY" -F file=@{shlex.quote(str(forget))} $URL/datasets | {pick})',
-        f'R=$(curl -sf -H "Authorization: Bearer $KEY" -F file=@{shlex.quote(str(retain))} $URL/datasets | {pick})',
+        f'F=$(curl -sf -H "Authorization: Bearer $KEY" -F file=@{shlex.quote(str(forget))} $URL/datasets '
+        f"| {pick})",
+        f'R=$(curl -sf -H "Authorization: Bearer $KEY" -F file=@{shlex.quote(str(retain))} $URL/datasets '
+        f"| {pick})",
         'REQ=$(curl -sf -H "Authorization: Bearer $KEY" -H "Content-Type: application/json" '
         f'-d "{{\\"base_model\\": \\"{DEMO_MODEL_NAME}\\", \\"forget_dataset\\": \\"$F\\", '
-        '\\"retain_dataset\\": \\"$R\\"}" ' f"$URL/unlearn-requests | {pick})",
+        '\\"retain_dataset\\": \\"$R\\"}" '
+        f"$URL/unlearn-requests | {pick})",
         'curl -s -H "Authorization: Bearer $KEY" $URL/unlearn-requests/$REQ; echo   # repeat until succeeded',
         'curl -s -H "Authorization: Bearer $KEY" $URL/unlearn-requests/$REQ/metrics; echo',
         f'curl -s -H "Authorization: Bearer $KEY" $URL/base-models/{DEMO_MODEL_NAME}/adapters; echo',
@@ -291,7 +377,9 @@ def first_request_curl(url: str, key_expr: str, files: tuple[Path, Path] | None)
 
 def _spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     with open(log, "ab") as handle:
-        return subprocess.Popen(argv, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            argv, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def _log_tail(log: Path, lines: int = 15) -> str:
@@ -302,27 +390,22 @@ def _log_tail(log: Path, lines: int = 15) -> str:
 
 
 def _stop(procs: dict[str, subprocess.Popen], grace: float = 15.0) -> None:
-    """SIGTERM every child's process group (API first, then the worker), SIGKILL what is left after `grace`."""
+    """SIGTERM each child's process group (API first, then the worker); SIGKILL what is left after `grace`."""
     for proc in procs.values():
         if proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
     deadline = time.monotonic() + grace
     for proc in procs.values():
         try:
             proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             proc.wait()
 
 
 def run_up(args: argparse.Namespace) -> int:
-    from cli.main import CliError
     from persistence.settings import Settings, get_settings
 
     data_dir = args.data_dir.resolve()
@@ -331,13 +414,22 @@ def run_up(args: argparse.Namespace) -> int:
     key = _admin_key(data_dir, given_key)
     settings = Settings(data_dir=data_dir, host=args.host, port=args.port, bootstrap_admin_key=key)
     env = dict(os.environ)  # the children read the same settings from their environment
-    env.update({"BLADE_DATA_DIR": str(data_dir), "BLADE_HOST": args.host, "BLADE_PORT": str(args.port),
-                "BLADE_BOOTSTRAP_ADMIN_KEY": key, "PYTHONUNBUFFERED": "1"})
+    env.update(
+        {
+            "BLADE_DATA_DIR": str(data_dir),
+            "BLADE_HOST": args.host,
+            "BLADE_PORT": str(args.port),
+            "BLADE_BOOTSTRAP_ADMIN_KEY": key,
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     generated_here = not given_key
 
     with socket.socket() as probe:
         if probe.connect_ex((args.host, args.port)) == 0:
-            raise CliError(f"port {args.port} on {args.host} is already in use (is another `blade up` running?)")
+            raise CommandError(
+                f"port {args.port} on {args.host} is already in use (is another `blade up` running?)"
+            )
 
     model_dir, key_is_new = _prepare(settings, args.demo_model, save_key=generated_here)
     url = f"http://{args.host}:{args.port}"
@@ -357,13 +449,32 @@ def run_up(args: argparse.Namespace) -> int:
     try:
         # Each child in its own session (Ctrl-C reaches only us, and we stop them in order), its output in a
         # log file under the data dir.
-        procs["api"] = _spawn([python, "-m", "cli.main", "api", "--host", args.host, "--port", str(args.port)],
-                              env, logs / "api.log")
+        procs["api"] = _spawn(
+            [python, "-m", "cli.main", "api", "--host", args.host, "--port", str(args.port)],
+            env,
+            logs / "api.log",
+        )
         # One worker process for every queue. Threads (two of them) so a /generate call is answered while a
         # training run is going; the production GPU worker instead runs prefork, one task per child.
-        procs["worker"] = _spawn([python, "-m", "cli.main", "worker", "--queues", EMBEDDED_QUEUES, "--pool",
-                                  "threads", "--concurrency", "2", "--beat", "--name", worker_name],
-                                 env, logs / "worker.log")
+        procs["worker"] = _spawn(
+            [
+                python,
+                "-m",
+                "cli.main",
+                "worker",
+                "--queues",
+                EMBEDDED_QUEUES,
+                "--pool",
+                "threads",
+                "--concurrency",
+                "2",
+                "--beat",
+                "--name",
+                worker_name,
+            ],
+            env,
+            logs / "worker.log",
+        )
         _say("starting the API and the worker ...")
         _wait_http(f"{url}/healthz", procs, timeout=120)
         _wait_worker(settings, worker_name, procs, since=started, timeout=120)
@@ -377,10 +488,13 @@ def run_up(args: argparse.Namespace) -> int:
         else:
             key_line = "admin key: BLADE_BOOTSTRAP_ADMIN_KEY"
             key_expr = "$BLADE_BOOTSTRAP_ADMIN_KEY"
-        print(f"\nBLADE service ready at {url}   (API docs {url}/docs, dashboard {url}/dashboard)\n"
-              f"base model: {DEMO_MODEL_NAME} ({model_dir})\n{key_line}\n\n"
-              f"A first request (paste into a shell):\n\n{first_request_curl(url, key_expr, files)}\n\n"
-              f"Logs: {logs}/api.log, {logs}/worker.log.   Ctrl-C stops everything.\n", flush=True)
+        print(
+            f"\nBLADE service ready at {url}   (API docs {url}/docs, dashboard {url}/dashboard)\n"
+            f"base model: {DEMO_MODEL_NAME} ({model_dir})\n{key_line}\n\n"
+            f"A first request (paste into a shell):\n\n{first_request_curl(url, key_expr, files)}\n\n"
+            f"Logs: {logs}/api.log, {logs}/worker.log.   Ctrl-C stops everything.\n",
+            flush=True,
+        )
         while True:
             for name, proc in procs.items():
                 if proc.poll() is not None:
@@ -390,16 +504,18 @@ def run_up(args: argparse.Namespace) -> int:
         _say("stopping ...")
         return 0
     except RuntimeError as exc:
-        tails = "".join(f"\n--- {name} log ({logs / f'{name}.log'}) ---\n{_log_tail(logs / f'{name}.log')}"
-                        for name in procs)
-        raise CliError(f"{exc}{tails}") from None
+        tails = "".join(
+            f"\n--- {name} log ({logs / f'{name}.log'}) ---\n{_log_tail(logs / f'{name}.log')}"
+            for name in procs
+        )
+        raise CommandError(f"{exc}{tails}") from None
     finally:
         _stop(procs)
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_int)
 
 
-# --- client verbs -----------------------------------------------------------------------------------------------
+# --- client verbs -------------------------------------------------------------------------------------------
 
 
 def _client(args: argparse.Namespace):
@@ -419,12 +535,10 @@ def _dataset_ref(client: Any, value: str) -> str:
 
 
 def _parse_sets(items: list[str]) -> dict[str, Any]:
-    from cli.main import CliError
-
     params: dict[str, Any] = {}
     for item in items:
         if "=" not in item:
-            raise CliError(f"--set {item!r}: expected KEY=VALUE")
+            raise CommandError(f"--set {item!r}: expected KEY=VALUE")
         key, raw = item.split("=", 1)
         try:
             params[key.strip()] = json.loads(raw)
@@ -440,26 +554,32 @@ def _print(doc: Any) -> None:
 def _api_call(fn: Any) -> Any:
     import httpx
 
-    from cli.main import CliError
     from client import ApiError
 
     try:
         return fn()
     except ApiError as exc:
-        raise CliError(f"the API answered {exc.status} {exc.code}: {exc.message}") from None
+        raise CommandError(f"the API answered {exc.status} {exc.code}: {exc.message}") from None
     except httpx.HTTPError as exc:
-        raise CliError(f"cannot reach the API: {exc}") from None
+        raise CommandError(f"cannot reach the API: {exc}") from None
     except TimeoutError as exc:
-        raise CliError(str(exc)) from None
+        raise CommandError(str(exc)) from None
 
 
 def run_submit(args: argparse.Namespace) -> int:
     with _client(args) as client:
+
         def go() -> Any:
             forget = _dataset_ref(client, args.forget)
             retain = _dataset_ref(client, args.retain)
-            req = client.submit(args.base_model, forget, retain, method=args.method, params=_parse_sets(args.set),
-                                idempotency_key=args.idempotency_key)
+            req = client.submit(
+                args.base_model,
+                forget,
+                retain,
+                method=args.method,
+                params=_parse_sets(args.set),
+                idempotency_key=args.idempotency_key,
+            )
             return client.wait(req["id"], timeout=args.timeout) if args.wait else req
 
         doc = _api_call(go)
@@ -469,8 +589,13 @@ def run_submit(args: argparse.Namespace) -> int:
 
 def run_status(args: argparse.Namespace) -> int:
     with _client(args) as client:
+
         def go() -> Any:
-            doc = client.wait(args.request_id, timeout=args.timeout) if args.wait else client.status(args.request_id)
+            doc = (
+                client.wait(args.request_id, timeout=args.timeout)
+                if args.wait
+                else client.status(args.request_id)
+            )
             if args.events:
                 doc = {**doc, "events": client.events(args.request_id)}
             return doc

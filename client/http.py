@@ -34,11 +34,18 @@ class ApiError(RuntimeError):
 
 
 class BladeClient:
-    def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = 30.0,
-                 transport: httpx.BaseTransport | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout,
-                                  transport=transport)
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
+        )
 
     # --- plumbing ---------------------------------------------------------------------------------------
 
@@ -87,12 +94,23 @@ class BladeClient:
 
     # --- unlearn requests -------------------------------------------------------------------------------
 
-    def submit(self, base_model: str, forget_dataset: str, retain_dataset: str, *, method: str | None = None,
-               params: dict[str, Any] | None = None, metadata: dict[str, Any] | None = None,
-               idempotency_key: str | None = None) -> JSON:
+    def submit(
+        self,
+        base_model: str,
+        forget_dataset: str,
+        retain_dataset: str,
+        *,
+        method: str | None = None,
+        params: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> JSON:
         """POST /unlearn-requests (202). A generated Idempotency-Key makes this call safe to retry."""
-        body: JSON = {"base_model": base_model, "forget_dataset": forget_dataset,
-                      "retain_dataset": retain_dataset}
+        body: JSON = {
+            "base_model": base_model,
+            "forget_dataset": forget_dataset,
+            "retain_dataset": retain_dataset,
+        }
         if method:
             body["method"] = method
         if params:

@@ -33,8 +33,12 @@ from persistence.models import (
     utcnow,
 )
 
-ACTIVE_STATUSES = (RequestStatus.QUEUED, RequestStatus.RUNNING, RequestStatus.EVALUATING,
-                   RequestStatus.CANCELLING)
+ACTIVE_STATUSES = (
+    RequestStatus.QUEUED,
+    RequestStatus.RUNNING,
+    RequestStatus.EVALUATING,
+    RequestStatus.CANCELLING,
+)
 RUNNABLE_STATUSES = (RequestStatus.QUEUED, RequestStatus.RUNNING, RequestStatus.EVALUATING)
 
 
@@ -80,13 +84,28 @@ class LeaseState:
 # --- helpers ------------------------------------------------------------------------------------------------
 
 
-def _audit(session: Session, *, request: UnlearnRequest, actor: str, action: str,
-           data: dict[str, Any] | None = None, reason: str | None = None) -> None:
+def _audit(
+    session: Session,
+    *,
+    request: UnlearnRequest,
+    actor: str,
+    action: str,
+    data: dict[str, Any] | None = None,
+    reason: str | None = None,
+) -> None:
     """Append an audit entry for a request's state change (through the API package's hash chain)."""
     from persistence import audit
 
-    audit.append(session, tenant_id=request.tenant_id, actor=actor, action=action,
-                       subject_type="unlearn_request", subject_id=request.id, reason=reason, data=data or {})
+    audit.append(
+        session,
+        tenant_id=request.tenant_id,
+        actor=actor,
+        action=action,
+        subject_type="unlearn_request",
+        subject_id=request.id,
+        reason=reason,
+        data=data or {},
+    )
 
 
 def _transition(request: UnlearnRequest, new: RequestStatus) -> None:
@@ -98,13 +117,18 @@ def _transition(request: UnlearnRequest, new: RequestStatus) -> None:
 
 def lock_owned(session: Session, *, request_id: str, owner: str, lock: bool = True) -> UnlearnRequest:
     """The request, if `owner` holds its lease (LeaseLost otherwise)."""
-    stmt = select(UnlearnRequest).where(UnlearnRequest.id == request_id).execution_options(populate_existing=True)
+    stmt = (
+        select(UnlearnRequest)
+        .where(UnlearnRequest.id == request_id)
+        .execution_options(populate_existing=True)
+    )
     if lock:  # only this table's row (its eager-loaded relationships are outer joins)
         stmt = stmt.with_for_update(of=UnlearnRequest)
     request = session.scalars(stmt).one_or_none()
     if request is None or request.lease_owner != owner:
-        raise LeaseLost(f"request {request_id}: lease held by {getattr(request, 'lease_owner', None)!r}, "
-                        f"not {owner!r}")
+        raise LeaseLost(
+            f"request {request_id}: lease held by {getattr(request, 'lease_owner', None)!r}, not {owner!r}"
+        )
     return request
 
 
@@ -114,25 +138,35 @@ def _cancel_requested(request: UnlearnRequest) -> bool:
 
 def get_request(session: Session, *, request_id: str) -> UnlearnRequest | None:
     """The request row (fresh from the database)."""
-    stmt = select(UnlearnRequest).where(UnlearnRequest.id == request_id).execution_options(populate_existing=True)
+    stmt = (
+        select(UnlearnRequest)
+        .where(UnlearnRequest.id == request_id)
+        .execution_options(populate_existing=True)
+    )
     return session.scalars(stmt).one_or_none()
 
 
 def blocking_request(session: Session, *, request: UnlearnRequest) -> str | None:
     """The oldest unfinished request of the same base model submitted before `request`, if any."""
-    stmt = (select(UnlearnRequest.id)
-            .where(UnlearnRequest.base_model_id == request.base_model_id,
-                   UnlearnRequest.queue_seq < request.queue_seq,
-                   UnlearnRequest.status.in_(ACTIVE_STATUSES))
-            .order_by(UnlearnRequest.queue_seq).limit(1))
+    stmt = (
+        select(UnlearnRequest.id)
+        .where(
+            UnlearnRequest.base_model_id == request.base_model_id,
+            UnlearnRequest.queue_seq < request.queue_seq,
+            UnlearnRequest.status.in_(ACTIVE_STATUSES),
+        )
+        .order_by(UnlearnRequest.queue_seq)
+        .limit(1)
+    )
     return session.scalars(stmt).first()
 
 
 # --- claiming and the lease --------------------------------------------------------------------------------
 
 
-def claim_request(session: Session, *, request_id: str, owner: str, lease_seconds: int,
-                  max_attempts: int = 5) -> Claim:
+def claim_request(
+    session: Session, *, request_id: str, owner: str, lease_seconds: int, max_attempts: int = 5
+) -> Claim:
     """Take the request's lease if it may run now (see the module docstring); one short transaction."""
     request = get_request(session, request_id=request_id)
     if request is None:
@@ -141,8 +175,11 @@ def claim_request(session: Session, *, request_id: str, owner: str, lease_second
     if status in TERMINAL_STATUSES:
         return Claim(ClaimOutcome.TERMINAL, request_id, status)
     now = utcnow()
-    if (request.lease_owner not in (None, owner) and request.lease_expires_at is not None
-            and request.lease_expires_at > now):
+    if (
+        request.lease_owner not in (None, owner)
+        and request.lease_expires_at is not None
+        and request.lease_expires_at > now
+    ):
         return Claim(ClaimOutcome.BUSY, request_id, status)
     if status == RequestStatus.QUEUED and _cancel_requested(request):
         mark_cancelled(session, request=request, actor="system", message="cancelled before it started")
@@ -154,35 +191,57 @@ def claim_request(session: Session, *, request_id: str, owner: str, lease_second
         mark_cancelled(session, request=request, actor="system", message="cancelled")
         return Claim(ClaimOutcome.CANCELLED, request_id, RequestStatus.CANCELLED)
     if request.attempts >= max_attempts:
-        mark_failed(session, request=request, actor="system", code="too_many_attempts",
-                    message=f"the request was started {request.attempts} times without finishing "
-                            f"(its worker died each time; last lease holder {request.lease_owner!r})")
+        mark_failed(
+            session,
+            request=request,
+            actor="system",
+            code="too_many_attempts",
+            message=f"the request was started {request.attempts} times without finishing "
+            f"(its worker died each time; last lease holder {request.lease_owner!r})",
+        )
         return Claim(ClaimOutcome.EXHAUSTED, request_id, RequestStatus.FAILED)
 
     # The atomic part: whoever's UPDATE matches first owns it; a concurrent claimer matches zero rows.
-    lease_free = or_(UnlearnRequest.lease_owner.is_(None), UnlearnRequest.lease_owner == owner,
-                     UnlearnRequest.lease_expires_at.is_(None), UnlearnRequest.lease_expires_at <= now)
+    lease_free = or_(
+        UnlearnRequest.lease_owner.is_(None),
+        UnlearnRequest.lease_owner == owner,
+        UnlearnRequest.lease_expires_at.is_(None),
+        UnlearnRequest.lease_expires_at <= now,
+    )
     new_status = RequestStatus.RUNNING if status == RequestStatus.QUEUED else status
     previous_owner = request.lease_owner
     values: dict[str, Any] = {
-        "lease_owner": owner, "lease_expires_at": now + timedelta(seconds=lease_seconds), "heartbeat_at": now,
-        "attempts": UnlearnRequest.attempts + 1, "status": new_status, "updated_at": now,
+        "lease_owner": owner,
+        "lease_expires_at": now + timedelta(seconds=lease_seconds),
+        "heartbeat_at": now,
+        "attempts": UnlearnRequest.attempts + 1,
+        "status": new_status,
+        "updated_at": now,
     }
     if request.started_at is None:
         values["started_at"] = now
     result = session.execute(
         update(UnlearnRequest)
-        .where(UnlearnRequest.id == request_id, UnlearnRequest.status == status,
-               UnlearnRequest.attempts == request.attempts, lease_free)
+        .where(
+            UnlearnRequest.id == request_id,
+            UnlearnRequest.status == status,
+            UnlearnRequest.attempts == request.attempts,
+            lease_free,
+        )
         .values(**values)
-        .execution_options(synchronize_session=False))
+        .execution_options(synchronize_session=False)
+    )
     if result.rowcount != 1:
         return Claim(ClaimOutcome.BUSY, request_id, status)
     session.refresh(request)
     resumed = request.attempts > 1
-    _audit(session, request=request, actor=f"worker:{owner}",
-           action="unlearn_request.resume" if resumed else "unlearn_request.start",
-           data={"attempt": request.attempts, "status": new_status.value, "previous_owner": previous_owner})
+    _audit(
+        session,
+        request=request,
+        actor=f"worker:{owner}",
+        action="unlearn_request.resume" if resumed else "unlearn_request.start",
+        data={"attempt": request.attempts, "status": new_status.value, "previous_owner": previous_owner},
+    )
     return Claim(ClaimOutcome.CLAIMED, request_id, new_status, attempt=request.attempts, resumed=resumed)
 
 
@@ -193,9 +252,13 @@ def renew_lease(session: Session, *, request_id: str, owner: str, lease_seconds:
         update(UnlearnRequest)
         .where(UnlearnRequest.id == request_id, UnlearnRequest.lease_owner == owner)
         .values(lease_expires_at=now + timedelta(seconds=lease_seconds), heartbeat_at=now)
-        .execution_options(synchronize_session=False))
-    row = session.execute(select(UnlearnRequest.status, UnlearnRequest.cancel_requested_at)
-                          .where(UnlearnRequest.id == request_id)).one_or_none()
+        .execution_options(synchronize_session=False)
+    )
+    row = session.execute(
+        select(UnlearnRequest.status, UnlearnRequest.cancel_requested_at).where(
+            UnlearnRequest.id == request_id
+        )
+    ).one_or_none()
     if row is None:
         return LeaseState(owned=False, cancel_requested=True, status=None)
     status = RequestStatus(row.status)
@@ -209,26 +272,32 @@ def release_lease(session: Session, *, request_id: str, owner: str) -> None:
         update(UnlearnRequest)
         .where(UnlearnRequest.id == request_id, UnlearnRequest.lease_owner == owner)
         .values(lease_owner=None, lease_expires_at=None)
-        .execution_options(synchronize_session=False))
+        .execution_options(synchronize_session=False)
+    )
 
 
 def is_cancel_requested(session: Session, *, request_id: str) -> bool:
-    row = session.execute(select(UnlearnRequest.status, UnlearnRequest.cancel_requested_at)
-                          .where(UnlearnRequest.id == request_id)).one_or_none()
+    row = session.execute(
+        select(UnlearnRequest.status, UnlearnRequest.cancel_requested_at).where(
+            UnlearnRequest.id == request_id
+        )
+    ).one_or_none()
     return row is None or row.status == RequestStatus.CANCELLING or row.cancel_requested_at is not None
 
 
 # --- progress -----------------------------------------------------------------------------------------------
 
 
-def record_step(session: Session, *, request_id: str, owner: str, record: dict[str, Any],
-                total_steps: int | None = None) -> None:
+def record_step(
+    session: Session, *, request_id: str, owner: str, record: dict[str, Any], total_steps: int | None = None
+) -> None:
     """Store one history record as a TrainingEvent (replacing that step's, if a resumed run re-publishes it)
     and move the request's progress to it."""
     request = lock_owned(session, request_id=request_id, owner=owner, lock=False)
     step = int(record.get("step", request.step + 1))
-    session.execute(delete(TrainingEvent).where(TrainingEvent.request_id == request_id,
-                                                TrainingEvent.step == step))
+    session.execute(
+        delete(TrainingEvent).where(TrainingEvent.request_id == request_id, TrainingEvent.step == step)
+    )
     session.add(TrainingEvent(request_id=request_id, step=step, record=_jsonable(record)))
     request.step = step
     if total_steps is not None:
@@ -238,18 +307,28 @@ def record_step(session: Session, *, request_id: str, owner: str, record: dict[s
 
 def drop_steps_after(session: Session, *, request_id: str, step: int) -> int:
     """Forget events past `step` (a resumed run restarts from its checkpoint at `step`)."""
-    result = session.execute(delete(TrainingEvent).where(TrainingEvent.request_id == request_id,
-                                                         TrainingEvent.step > step))
+    result = session.execute(
+        delete(TrainingEvent).where(TrainingEvent.request_id == request_id, TrainingEvent.step > step)
+    )
     return int(result.rowcount or 0)
 
 
 def last_step(session: Session, *, request_id: str) -> int:
-    return int(session.scalar(select(func.max(TrainingEvent.step))
-                              .where(TrainingEvent.request_id == request_id)) or 0)
+    return int(
+        session.scalar(select(func.max(TrainingEvent.step)).where(TrainingEvent.request_id == request_id))
+        or 0
+    )
 
 
-def set_run_info(session: Session, *, request_id: str, owner: str, total_steps: int | None = None,
-                 checkpoint_key: str | None = None, metrics_before: dict[str, Any] | None = None) -> None:
+def set_run_info(
+    session: Session,
+    *,
+    request_id: str,
+    owner: str,
+    total_steps: int | None = None,
+    checkpoint_key: str | None = None,
+    metrics_before: dict[str, Any] | None = None,
+) -> None:
     request = lock_owned(session, request_id=request_id, owner=owner)
     if total_steps is not None:
         request.total_steps = total_steps
@@ -269,26 +348,50 @@ def mark_evaluating(session: Session, *, request_id: str, owner: str, run_status
     # before registering the adapter.
     if request.status not in (RequestStatus.EVALUATING, RequestStatus.CANCELLING):
         _transition(request, RequestStatus.EVALUATING)
-        _audit(session, request=request, actor=f"worker:{owner}", action="unlearn_request.evaluate",
-               data={"run_status": run_status, "step": request.step})
+        _audit(
+            session,
+            request=request,
+            actor=f"worker:{owner}",
+            action="unlearn_request.evaluate",
+            data={"run_status": run_status, "step": request.step},
+        )
     if run_status is not None:
         request.run_status = run_status
     request.updated_at = utcnow()
 
 
-def mark_succeeded(session: Session, *, request_id: str, owner: str, adapter_id: str,
-                   metrics_after: dict[str, Any] | None = None) -> None:
+def mark_succeeded(
+    session: Session,
+    *,
+    request_id: str,
+    owner: str,
+    adapter_id: str,
+    metrics_after: dict[str, Any] | None = None,
+) -> None:
     request = lock_owned(session, request_id=request_id, owner=owner)
     if metrics_after is not None:
         request.metrics_after = _jsonable(metrics_after)
     _transition(request, RequestStatus.SUCCEEDED)
     _finish(request)
-    _audit(session, request=request, actor=f"worker:{owner}", action="unlearn_request.succeed",
-           data={"adapter_id": adapter_id, "step": request.step, "run_status": request.run_status})
+    _audit(
+        session,
+        request=request,
+        actor=f"worker:{owner}",
+        action="unlearn_request.succeed",
+        data={"adapter_id": adapter_id, "step": request.step, "run_status": request.run_status},
+    )
 
 
-def mark_failed(session: Session, *, request: UnlearnRequest | None = None, request_id: str | None = None,
-                owner: str | None = None, actor: str | None = None, code: str, message: str) -> bool:
+def mark_failed(
+    session: Session,
+    *,
+    request: UnlearnRequest | None = None,
+    request_id: str | None = None,
+    owner: str | None = None,
+    actor: str | None = None,
+    code: str,
+    message: str,
+) -> bool:
     """Fail the request with a code and a readable message; False if it was already terminal."""
     if request is None:
         if owner is not None:
@@ -300,13 +403,25 @@ def mark_failed(session: Session, *, request: UnlearnRequest | None = None, requ
     _transition(request, RequestStatus.FAILED)
     request.error_code, request.error_message = code, message[:4000]
     _finish(request)
-    _audit(session, request=request, actor=actor or f"worker:{owner}", action="unlearn_request.fail",
-           data={"code": code, "message": message[:1000]})
+    _audit(
+        session,
+        request=request,
+        actor=actor or f"worker:{owner}",
+        action="unlearn_request.fail",
+        data={"code": code, "message": message[:1000]},
+    )
     return True
 
 
-def mark_cancelled(session: Session, *, request: UnlearnRequest | None = None, request_id: str | None = None,
-                   owner: str | None = None, actor: str | None = None, message: str = "cancelled") -> bool:
+def mark_cancelled(
+    session: Session,
+    *,
+    request: UnlearnRequest | None = None,
+    request_id: str | None = None,
+    owner: str | None = None,
+    actor: str | None = None,
+    message: str = "cancelled",
+) -> bool:
     """Cancel the request (a cancel that was asked for has now taken effect); False if already terminal."""
     if request is None:
         if owner is not None:
@@ -318,8 +433,13 @@ def mark_cancelled(session: Session, *, request: UnlearnRequest | None = None, r
     _transition(request, RequestStatus.CANCELLED)
     request.error_code, request.error_message = "cancelled", message
     _finish(request)
-    _audit(session, request=request, actor=actor or f"worker:{owner}", action="unlearn_request.cancelled",
-           data={"step": request.step})
+    _audit(
+        session,
+        request=request,
+        actor=actor or f"worker:{owner}",
+        action="unlearn_request.cancelled",
+        data={"step": request.step},
+    )
     return True
 
 
@@ -337,20 +457,27 @@ def _finish(request: UnlearnRequest) -> None:
 def mark_enqueued(session: Session, *, request_ids: list[str]) -> None:
     """Remember when a task was last published for these requests."""
     if request_ids:
-        session.execute(update(UnlearnRequest).where(UnlearnRequest.id.in_(request_ids))
-                        .values(enqueued_at=utcnow()).execution_options(synchronize_session=False))
+        session.execute(
+            update(UnlearnRequest)
+            .where(UnlearnRequest.id.in_(request_ids))
+            .values(enqueued_at=utcnow())
+            .execution_options(synchronize_session=False)
+        )
 
 
 def next_in_line(session: Session, *, base_model_id: str) -> str | None:
     """The oldest unfinished request of a base model (the only one that may run now)."""
-    return session.scalars(select(UnlearnRequest.id)
-                           .where(UnlearnRequest.base_model_id == base_model_id,
-                                  UnlearnRequest.status.in_(ACTIVE_STATUSES))
-                           .order_by(UnlearnRequest.queue_seq).limit(1)).first()
+    return session.scalars(
+        select(UnlearnRequest.id)
+        .where(UnlearnRequest.base_model_id == base_model_id, UnlearnRequest.status.in_(ACTIVE_STATUSES))
+        .order_by(UnlearnRequest.queue_seq)
+        .limit(1)
+    ).first()
 
 
-def reconcile_candidates(session: Session, *, now: datetime | None = None,
-                         requeue_after_s: float = 300.0) -> list[str]:
+def reconcile_candidates(
+    session: Session, *, now: datetime | None = None, requeue_after_s: float = 300.0
+) -> list[str]:
     """Requests whose task the broker may have lost, to publish again (duplicates are harmless):
     - the head of each base model's queue when it is runnable, nobody holds a live lease, and its task was
       never published or last published more than `requeue_after_s` ago (a worker busy elsewhere may simply
@@ -358,33 +485,52 @@ def reconcile_candidates(session: Session, *, now: datetime | None = None,
     - any head whose lease has expired (its worker died), at once.
     """
     now = now or utcnow()
-    seq = (select(UnlearnRequest.base_model_id, func.min(UnlearnRequest.queue_seq).label("seq"))
-           .where(UnlearnRequest.status.in_(ACTIVE_STATUSES))
-           .group_by(UnlearnRequest.base_model_id).subquery())
+    seq = (
+        select(UnlearnRequest.base_model_id, func.min(UnlearnRequest.queue_seq).label("seq"))
+        .where(UnlearnRequest.status.in_(ACTIVE_STATUSES))
+        .group_by(UnlearnRequest.base_model_id)
+        .subquery()
+    )
     stale = now - timedelta(seconds=requeue_after_s)
     lease_expired = and_(UnlearnRequest.lease_owner.is_not(None), UnlearnRequest.lease_expires_at <= now)
     no_lease = or_(UnlearnRequest.lease_owner.is_(None), UnlearnRequest.lease_expires_at.is_(None))
     never_or_long_ago = or_(UnlearnRequest.enqueued_at.is_(None), UnlearnRequest.enqueued_at <= stale)
-    stmt = (select(UnlearnRequest.id)
-            .join(seq, and_(seq.c.base_model_id == UnlearnRequest.base_model_id,
-                            seq.c.seq == UnlearnRequest.queue_seq))
-            .where(or_(lease_expired, and_(no_lease, never_or_long_ago)))
-            .order_by(UnlearnRequest.created_at))
+    stmt = (
+        select(UnlearnRequest.id)
+        .join(
+            seq,
+            and_(seq.c.base_model_id == UnlearnRequest.base_model_id, seq.c.seq == UnlearnRequest.queue_seq),
+        )
+        .where(or_(lease_expired, and_(no_lease, never_or_long_ago)))
+        .order_by(UnlearnRequest.created_at)
+    )
     return list(session.scalars(stmt))
 
 
 def expire_lease_now(session: Session, *, request_id: str) -> None:
     """Mark a lease as expired (tests, and an operator who knows the worker is gone)."""
-    session.execute(update(UnlearnRequest).where(UnlearnRequest.id == request_id)
-                    .values(lease_expires_at=utcnow()).execution_options(synchronize_session=False))
+    session.execute(
+        update(UnlearnRequest)
+        .where(UnlearnRequest.id == request_id)
+        .values(lease_expires_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
 
 
 # --- worker heartbeats --------------------------------------------------------------------------------------
 
 
-def beat_worker(session: Session, *, worker_name: str, queues: list[str] | None = None,
-                hostname: str | None = None, pid: int | None = None, current_request_id: str | None = None,
-                info: dict[str, Any] | None = None, alive: bool = True) -> None:
+def beat_worker(
+    session: Session,
+    *,
+    worker_name: str,
+    queues: list[str] | None = None,
+    hostname: str | None = None,
+    pid: int | None = None,
+    current_request_id: str | None = None,
+    info: dict[str, Any] | None = None,
+    alive: bool = True,
+) -> None:
     """Upsert the worker's heartbeat row."""
     row = session.get(WorkerHeartbeat, worker_name)
     now = utcnow()

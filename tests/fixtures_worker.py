@@ -1,7 +1,8 @@
 """Fixtures for the worker and end-to-end tests: real processes against real PostgreSQL and Redis.
 
-- `worker_pg_url`: a fresh PostgreSQL database of its own (migrated), so the workers' reconciler never touches
-  the rows of the API tests' database; dropped at the end. Skips when no server answers.
+- `worker_pg_url`, `e2e_pg_url`: fresh PostgreSQL databases (migrated) for the service-tier worker tests and
+  for the end-to-end service, so the live workers' reconciler never touches rows other tests left half-made
+  (nor the API tests' database); dropped at the end. Skip when no server answers.
 - `redis_urls`: broker and result-backend URLs on dedicated Redis db numbers (11, 12), flushed at start/end.
 - `tiny_model_dir`: a tiny Llama + tokenizer (blade_core.testing), built in well under a second.
 - `e2e`: an `E2EService`: a real uvicorn API subprocess (`blade api`) and real Celery worker subprocesses
@@ -13,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -63,10 +65,8 @@ def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: flo
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait(timeout=10)
 
 
@@ -77,12 +77,13 @@ def tail(path: Path, lines: int = 25) -> str:
         return "(no log)"
 
 
-# --- databases ---------------------------------------------------------------------------------------------------
+# --- databases ----------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def worker_pg_url() -> Iterator[str]:
-    """A new PostgreSQL database for the worker/e2e tests, migrated to head; dropped after the session."""
+@contextlib.contextmanager
+def fresh_database(prefix: str) -> Iterator[str]:
+    """A new PostgreSQL database migrated to head (its SQLAlchemy URL); dropped afterwards. Skips without a
+    server."""
     psycopg = pytest.importorskip("psycopg")
     from sqlalchemy.engine import make_url
 
@@ -91,7 +92,7 @@ def worker_pg_url() -> Iterator[str]:
         admin = psycopg.connect(maintenance, autocommit=True, connect_timeout=5)
     except psycopg.OperationalError as exc:
         pytest.skip(f"no PostgreSQL at {maintenance}: {exc}")
-    name = f"blade_worker_{uuid.uuid4().hex[:12]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     admin.execute(f'CREATE DATABASE "{name}"')
     url = make_url(maintenance.replace("postgresql://", "postgresql+psycopg://", 1)).set(database=name)
     rendered = url.render_as_string(hide_password=False)
@@ -109,6 +110,20 @@ def worker_pg_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def worker_pg_url() -> Iterator[str]:
+    """The database of the worker's service-tier tests (their half-made requests stay out of e2e's way)."""
+    with fresh_database("blade_worker") as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def e2e_pg_url() -> Iterator[str]:
+    """The database of the end-to-end service: its reconciler sees only the e2e tests' requests."""
+    with fresh_database("blade_e2e") as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
 def redis_urls() -> Iterator[tuple[str, str]]:
     """(broker URL, result backend URL) on dedicated db numbers of the local Redis, flushed."""
     redis = pytest.importorskip("redis")
@@ -121,21 +136,23 @@ def redis_urls() -> Iterator[tuple[str, str]]:
         pytest.skip(f"no Redis at {base}: {exc}")
     yield broker, results
     for url in (broker, results):
-        try:
+        with contextlib.suppress(redis.exceptions.ConnectionError):
             redis.Redis.from_url(url, socket_connect_timeout=2).flushdb()
-        except redis.exceptions.ConnectionError:
-            pass
 
 
 @pytest.fixture(scope="session")
-def worker_settings(worker_pg_url, redis_urls, tmp_path_factory):
-    """Settings for calling the worker's functions in the test process (same database and storage as `e2e`)."""
+def worker_settings(worker_pg_url, tmp_path_factory):
+    """Settings for calling the worker's functions in the test process (database `worker_pg_url`)."""
     from persistence.settings import Settings
 
     data_dir = tmp_path_factory.mktemp("worker-unit")
-    return Settings(data_dir=data_dir, database_url=worker_pg_url, broker_url=redis_urls[0],
-                    result_backend=redis_urls[1], storage_root=data_dir / "artifacts", lease_seconds=4,
-                    heartbeat_seconds=1)
+    return Settings(
+        data_dir=data_dir,
+        database_url=worker_pg_url,
+        storage_root=data_dir / "artifacts",
+        lease_seconds=4,
+        heartbeat_seconds=1,
+    )
 
 
 @pytest.fixture
@@ -146,7 +163,7 @@ def worker_session(worker_settings):
         yield session
 
 
-# --- a tiny base model -------------------------------------------------------------------------------------------
+# --- a tiny base model --------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="session")
@@ -176,7 +193,7 @@ def jsonl(rows: list[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(r) + "\n" for r in rows).encode()
 
 
-# --- the end-to-end service --------------------------------------------------------------------------------------
+# --- the end-to-end service ---------------------------------------------------------------------------------
 
 
 @dataclass
@@ -200,8 +217,14 @@ class E2EService:
         log = self.root / f"{name}.log"
         self.logs[name] = log
         handle = open(log, "ab")  # noqa: SIM115 - the child owns it
-        proc = subprocess.Popen([sys.executable, "-m", "cli.main", *argv], cwd=ROOT, env=env or self.env,
-                                stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", *argv],
+            cwd=ROOT,
+            env=env or self.env,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         handle.close()
         self.procs[name] = proc
         return proc
@@ -210,15 +233,43 @@ class E2EService:
         """A GPU-queue worker as production runs it (prefork, -c 1, one task per child), own data dir."""
         self.gpu_starts += 1
         env = dict(self.env, BLADE_DATA_DIR=str(self.root / f"gpu-{self.gpu_starts}"))
-        proc = self._spawn("gpu", ["worker", "--queues", "unlearn", "--concurrency", "1", "--pool", "prefork",
-                                   "--no-beat", "--name", f"gpu{self.gpu_starts}@e2e"], env)
+        proc = self._spawn(
+            "gpu",
+            [
+                "worker",
+                "--queues",
+                "unlearn",
+                "--concurrency",
+                "1",
+                "--pool",
+                "prefork",
+                "--no-beat",
+                "--name",
+                f"gpu{self.gpu_starts}@e2e",
+            ],
+            env,
+        )
         self.wait_worker(f"gpu{self.gpu_starts}@e2e")
         return proc
 
     def start_inference_worker(self) -> subprocess.Popen:
         env = dict(self.env, BLADE_DATA_DIR=str(self.root / "inference"))
-        proc = self._spawn("inference", ["worker", "--queues", "inference,maintenance", "--pool", "threads",
-                                         "--concurrency", "2", "--beat", "--name", "inference@e2e"], env)
+        proc = self._spawn(
+            "inference",
+            [
+                "worker",
+                "--queues",
+                "inference,maintenance",
+                "--pool",
+                "threads",
+                "--concurrency",
+                "2",
+                "--beat",
+                "--name",
+                "inference@e2e",
+            ],
+            env,
+        )
         self.wait_worker("inference@e2e")
         return proc
 
@@ -232,10 +283,13 @@ class E2EService:
         def ready() -> bool:
             for proc_name, proc in self.procs.items():
                 if proc.poll() is not None:
-                    raise AssertionError(f"{proc_name} exited ({proc.returncode}):\n{tail(self.logs[proc_name])}")
+                    raise AssertionError(
+                        f"{proc_name} exited ({proc.returncode}):\n{tail(self.logs[proc_name])}"
+                    )
             with engine.connect() as conn:
-                row = conn.execute(text("SELECT last_seen, alive FROM worker_heartbeats WHERE worker_name = :n"),
-                                   {"n": name}).first()
+                row = conn.execute(
+                    text("SELECT last_seen, alive FROM worker_heartbeats WHERE worker_name = :n"), {"n": name}
+                ).first()
             return bool(row and row.alive and row.last_seen.timestamp() >= started - 1)
 
         try:
@@ -258,32 +312,36 @@ class E2EService:
         return "\n".join(f"--- {name} ---\n{tail(path)}" for name, path in self.logs.items())
 
 
-@pytest.fixture(scope="session")
-def e2e(worker_pg_url, redis_urls, tmp_path_factory) -> Iterator[E2EService]:
+@pytest.fixture(scope="module")  # torn down after its module: no idle workers while other tests run
+def e2e(e2e_pg_url, redis_urls, tmp_path_factory) -> Iterator[E2EService]:
     pytest.importorskip("torch")
     root = tmp_path_factory.mktemp("e2e")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("BLADE_")}
-    env.update({
-        "BLADE_DATABASE_URL": worker_pg_url,
-        "BLADE_BROKER_URL": redis_urls[0],
-        "BLADE_RESULT_BACKEND": redis_urls[1],
-        "BLADE_DATA_DIR": str(root / "api"),
-        "BLADE_STORAGE_ROOT": str(root / "artifacts"),  # shared by every process: the local storage backend
-        "BLADE_BOOTSTRAP_ADMIN_KEY": E2E_ADMIN_KEY,
-        "BLADE_HOST": "127.0.0.1",
-        "BLADE_PORT": str(port),
-        "BLADE_DEVICE": "cpu",
-        "BLADE_LEASE_SECONDS": "4",
-        "BLADE_HEARTBEAT_SECONDS": "1",
-        "BLADE_RECONCILE_INTERVAL_S": "2",
-        "BLADE_REQUEUE_AFTER_S": "20",
-        "BLADE_GENERATE_TIMEOUT_S": "60",
-        "BLADE_LOG_LEVEL": "INFO",
-        "PYTHONUNBUFFERED": "1",
-        "OMP_NUM_THREADS": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    })
+    env.update(
+        {
+            "BLADE_DATABASE_URL": e2e_pg_url,
+            "BLADE_BROKER_URL": redis_urls[0],
+            "BLADE_RESULT_BACKEND": redis_urls[1],
+            "BLADE_DATA_DIR": str(root / "api"),
+            "BLADE_STORAGE_ROOT": str(
+                root / "artifacts"
+            ),  # shared by every process: the local storage backend
+            "BLADE_BOOTSTRAP_ADMIN_KEY": E2E_ADMIN_KEY,
+            "BLADE_HOST": "127.0.0.1",
+            "BLADE_PORT": str(port),
+            "BLADE_DEVICE": "cpu",
+            "BLADE_LEASE_SECONDS": "4",
+            "BLADE_HEARTBEAT_SECONDS": "1",
+            "BLADE_RECONCILE_INTERVAL_S": "2",
+            "BLADE_REQUEUE_AFTER_S": "20",
+            "BLADE_GENERATE_TIMEOUT_S": "60",
+            "BLADE_LOG_LEVEL": "INFO",
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+    )
     service = E2EService(url=f"http://127.0.0.1:{port}", admin_key=E2E_ADMIN_KEY, env=env, root=root)
     try:
         service._spawn("api", ["api", "--host", "127.0.0.1", "--port", str(port)])

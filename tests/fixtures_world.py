@@ -2,8 +2,8 @@
 
 `tiny_world`: a 12-author world (`blade data synth`) and a `quick`-size target model trained on it
 (`blade model build`); `tiny_gold`: the gold model of the same world without `forget10`, built on first use.
-Both live under `<repo>/.cache/test-worlds/<hash>/` (gitignored), where the hash covers the generator and
-build code, so an edit to either rebuilds them and an unchanged tree reuses them.
+Both live under `<repo>/.cache/test-worlds/<hash>/` (gitignored), where the hash covers the generator's and
+the build's versions, recipe, model shape and prompt format; an unchanged setup reuses them.
 A file lock lets concurrent pytest processes share one build.
 """
 
@@ -23,8 +23,6 @@ CACHE = REPO / ".cache" / "test-worlds"
 TINY_AUTHORS = 12  # forget01 = forget05 = forget10 = 1 author (20 rows); holdout likewise
 TINY_SEED = 0
 TINY_SIZE = "quick"
-# Code whose change must rebuild the cached world and models.
-_SOURCES = ("blade_core/synth.py", "blade_core/build.py", "blade_core/modeling.py", "blade_core/data.py")
 
 
 @dataclass(frozen=True)
@@ -36,10 +34,13 @@ class TinyWorld:
 
 
 def world_root(authors: int = TINY_AUTHORS, seed: int = TINY_SEED, size: str = TINY_SIZE) -> Path:
-    h = hashlib.sha256(json.dumps([authors, seed, size]).encode())
-    for rel in _SOURCES:
-        h.update((REPO / rel).read_bytes())
-    return CACHE / h.hexdigest()[:16]
+    """The cache folder of one world: keyed by the generator's and the build's versions, not their source, so
+    editing unrelated lines keeps the cache (bump SYNTH_VERSION / BUILD_VERSION when output changes)."""
+    from blade_core.build import RECIPES, recipe_fingerprint
+    from blade_core.synth import SYNTH_VERSION
+
+    key = json.dumps([authors, seed, SYNTH_VERSION, recipe_fingerprint(RECIPES[size])], sort_keys=True)
+    return CACHE / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 @contextlib.contextmanager

@@ -1,6 +1,6 @@
 """`blade bench` end to end on a very small world: 2 methods x 1 split x 1 seed, a few steps.
 
-Builds a 10-author synthetic world and its `test`-size target and gold models (`blade model build`), runs the
+On the shared tiny world (`tiny_world`, `tiny_gold`: 12 authors, quick-size target and forget10 gold), runs the
 bench through the CLI, and checks results.json against CONTRACT.md, results.md's tables and the plot files;
 a second invocation must reuse the cached runs.
 """
@@ -33,16 +33,9 @@ CONTRACT_ROW_KEYS = {
 
 
 @pytest.fixture(scope="module")
-def small_world(tmp_path_factory):
-    from blade_core.build import build_model
-    from blade_core.synth import write_world
-
-    root = tmp_path_factory.mktemp("bench-world")
-    data = root / "world"
-    write_world(data, authors=10, seed=0)
-    target = build_model(data, root / "target", size="test", progress=False).model_dir
-    gold = build_model(data, root / "gold01", exclude_split="forget01", size="test", progress=False).model_dir
-    return data, target, gold
+def small_world(tiny_world, tiny_gold):
+    """The shared 12-author test world (tests/fixtures_world.py), its target and its forget10 gold model."""
+    return tiny_world.data_dir, tiny_world.model_dir, tiny_gold.model_dir
 
 
 def _bench(small_world, out, *extra):
@@ -55,11 +48,11 @@ def _bench(small_world, out, *extra):
             "--target",
             str(target),
             "--gold",
-            f"forget01={gold}",
+            f"forget10={gold}",
             "--methods",
             "grad_diff,pdu",
             "--splits",
-            "forget01",
+            "forget10",
             "--seeds",
             "1",
             "--max-steps",
@@ -81,8 +74,8 @@ def test_bench_end_to_end(small_world, tmp_path):
     results = json.loads((out / "results.json").read_text())
     rows = results["rows"]
     assert [(r["method"], r["split"], r["seed"]) for r in rows] == [
-        ("grad_diff", "forget01", 0),
-        ("pdu", "forget01", 0),
+        ("grad_diff", "forget10", 0),
+        ("pdu", "forget10", 0),
     ]
     for row in rows:
         assert set(row) >= CONTRACT_ROW_KEYS
@@ -100,13 +93,13 @@ def test_bench_end_to_end(small_world, tmp_path):
     assert gold_row["forget_quality"] == 1.0 and gold_row["privleak"] == 0.0
     assert results["settings"]["max_steps"] == 3 and results["machine"]["cores"] >= 1
 
-    history = json.loads((out / "runs" / "pdu" / "forget01" / "seed0" / "history.json").read_text())
+    history = json.loads((out / "runs" / "pdu" / "forget10" / "seed0" / "history.json").read_text())
     assert [h["step"] for h in history] == [1, 2, 3] and all("lambda" in h for h in history)
 
     md = (out / "results.md").read_text()
-    assert "| Method | forget01 MU | forget01 Prob | forget01 ROUGE | forget01 HM |" in md
+    assert "| Method | forget10 MU | forget10 Prob | forget10 ROUGE | forget10 HM |" in md
     assert "| grad_diff |" in md and "| pdu |" in md and "Retrained (gold)" in md and " ± " in md
-    for name in ("dynamics_pdu_forget01.png", "dynamics_all_forget01.png"):
+    for name in ("dynamics_pdu_forget10.png", "dynamics_all_forget10.png"):
         png = out / name
         assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({name})" in md
 
@@ -145,7 +138,7 @@ def test_markdown_marks_the_best_hm_and_handles_missing_values():
     rows = [
         {
             "method": m,
-            "split": "forget01",
+            "split": "forget10",
             "seed": s,
             "MU": 0.5,
             "Prob": p,
@@ -167,7 +160,7 @@ def test_markdown_marks_the_best_hm_and_handles_missing_values():
         "reference": [],
         "settings": {
             "methods": ["npo", "blade"],
-            "splits": ["forget01"],
+            "splits": ["forget10"],
             "seeds": [0, 1],
             "max_steps": 3,
             "batch_size": 4,
@@ -182,5 +175,5 @@ def test_markdown_marks_the_best_hm_and_handles_missing_values():
     md = bench.render_markdown(results)
     assert "| blade | 0.50 ± 0.00 | 0.10 ± 0.00 | 0.50 ± 0.00 | **0.60 ± 0.00** |" in md
     assert "| npo | 0.50 ± 0.00 | 0.20 ± 0.00 | 0.50 ± 0.00 | 0.40 ± 0.00 |" in md
-    assert "- forget01: blade 0.600, npo 0.400" in md
+    assert "- forget10: blade 0.600, npo 0.400" in md
     assert "n/a" in md  # forget quality was missing

@@ -185,6 +185,15 @@ def test_bad_row_names_file_line_and_field(small_world: Path, tmp_path: Path) ->
         build_model(broken, tmp_path / "m", recipe=TWO_EPOCHS, progress=False)
 
 
+def test_refuses_to_replace_a_directory_that_is_not_a_build(small_world: Path, tmp_path: Path) -> None:
+    precious = tmp_path / "home"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    with pytest.raises(BuildError, match="holds no earlier build"):
+        build_model(small_world, precious, recipe=TWO_EPOCHS, progress=False)
+    assert (precious / "notes.txt").read_text() == "keep me"
+
+
 def test_cli_errors_exit_2_with_the_cause(small_world: Path, tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["model", "build", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "m")]) == 2
@@ -194,3 +203,18 @@ def test_cli_errors_exit_2_with_the_cause(small_world: Path, tmp_path: Path,
     out = str(tmp_path / "m")
     assert main(["model", "build", "--data", str(small_world), "--out", out, "--size", "huge"]) == 2
     assert "--size" in capsys.readouterr().err
+
+
+# --- the demo world (blade_core.demo; building demo-tiny itself is what `blade up` does) -------------------
+
+
+def test_demo_world_is_written_once_and_names_its_splits(tmp_path: Path) -> None:
+    from blade_core.demo import DEMO_AUTHORS, demo_split_files, ensure_demo_world
+
+    data = ensure_demo_world(tmp_path)
+    assert json.loads((data / "world.json").read_text())["authors"] == DEMO_AUTHORS
+    stamp = (data / "world.json").stat().st_mtime_ns
+    forget, retain = demo_split_files(tmp_path, "forget01")
+    assert forget.name == "forget01_perturbed.json" and retain.name == "retain99.json"
+    assert forget.is_file() and retain.is_file()
+    assert (data / "world.json").stat().st_mtime_ns == stamp  # reused, not rewritten

@@ -41,19 +41,45 @@ def test_blade_up_serves_a_request_end_to_end(tiny_model_dir, tmp_path):
     port = free_port()
     key = "blade_up_test_key_0123456789"
     env = {k: v for k, v in os.environ.items() if not k.startswith("BLADE_")}
-    env.update({"BLADE_BOOTSTRAP_ADMIN_KEY": key, "BLADE_DEVICE": "cpu", "BLADE_HEARTBEAT_SECONDS": "1",
-                "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+    env.update(
+        {
+            "BLADE_BOOTSTRAP_ADMIN_KEY": key,
+            "BLADE_DEVICE": "cpu",
+            "BLADE_HEARTBEAT_SECONDS": "1",
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",
+        }
+    )
     data_dir = tmp_path / "var"
     demo = _demo_data(tmp_path / "demo-data")
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "up", "--port", str(port), "--data-dir",
-                             str(data_dir), "--demo-model", str(tiny_model_dir), "--demo-data", str(demo)],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cli.main",
+            "up",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(data_dir),
+            "--demo-model",
+            str(tiny_model_dir),
+            "--demo-data",
+            str(demo),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     output: list[str] = []
     reader = threading.Thread(target=lambda: output.extend(iter(proc.stdout.readline, "")), daemon=True)
     reader.start()
     url = f"http://127.0.0.1:{port}"
     try:
+
         def ready() -> bool:
             if proc.poll() is not None:
                 raise AssertionError(f"blade up exited ({proc.returncode}):\n{''.join(output)[-4000:]}")
@@ -70,9 +96,13 @@ def test_blade_up_serves_a_request_end_to_end(tiny_model_dir, tmp_path):
         script = banner.split("A first request (paste into a shell):", 1)[1].split("Logs:", 1)[0]
         lines = [ln for ln in script.strip().splitlines() if ln.strip()]
         submit_lines = [ln for ln in lines if not ln.startswith("curl ")]
-        shell = subprocess.run(["bash", "-euc", "\n".join([*submit_lines, 'echo "REQ=$REQ"'])],
-                               env={**env, "BLADE_BOOTSTRAP_ADMIN_KEY": key}, capture_output=True, text=True,
-                               timeout=60)
+        shell = subprocess.run(
+            ["bash", "-euc", "\n".join([*submit_lines, 'echo "REQ=$REQ"'])],
+            env={**env, "BLADE_BOOTSTRAP_ADMIN_KEY": key},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert shell.returncode == 0, shell.stderr
         pasted = re.search(r"REQ=(req_[0-9a-f]+)", shell.stdout).group(1)
 

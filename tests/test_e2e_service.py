@@ -1,8 +1,8 @@
 """End to end through HTTP: a real API process, real Celery worker processes, PostgreSQL and Redis.
 
-The life of requests on a tiny model: upload -> submit -> succeeded -> adapter v1 -> a second request stacks v2
-on v1 -> disable v1 (v2 flagged) -> enable; an idempotent retry; a cancel; a GPU worker SIGKILLed mid-run and
-restarted -> the request resumes from its checkpoint and succeeds with exactly one adapter.
+The life of requests on a tiny model: upload -> submit -> succeeded -> adapter v1 -> a second request
+stacks v2 on v1 -> disable v1 (v2 flagged) -> enable; an idempotent retry; a cancel; a GPU worker SIGKILLed
+mid-run and restarted -> the request resumes from its checkpoint and succeeds with exactly one adapter.
 """
 
 from __future__ import annotations
@@ -40,10 +40,14 @@ def test_request_lifecycle_stacking_and_rollback(e2e_logs, world):
     e2e = e2e_logs
     with e2e.client() as c:
         key = uuid.uuid4().hex
-        first = c.submit(world["base_model"], world["forget"], world["retain"], params=QUICK, idempotency_key=key)
+        first = c.submit(
+            world["base_model"], world["forget"], world["retain"], params=QUICK, idempotency_key=key
+        )
         assert first["status"] == "queued"
         # An idempotent retry returns the original request, and creates nothing.
-        again = c.submit(world["base_model"], world["forget"], world["retain"], params=QUICK, idempotency_key=key)
+        again = c.submit(
+            world["base_model"], world["forget"], world["retain"], params=QUICK, idempotency_key=key
+        )
         assert again["id"] == first["id"]
 
         done = _wait(c, first["id"])
@@ -97,16 +101,23 @@ def test_request_lifecycle_stacking_and_rollback(e2e_logs, world):
         assert states == {v1_id: ("active", False), v2["id"]: ("active", False)}
 
         actions = [e["action"] for e in c.audit_log() if e["subject_id"] in (first["id"], v1_id)]
-        for action in ("unlearn_request.start", "unlearn_request.evaluate", "unlearn_request.succeed",
-                       "adapter.create", "adapter.disable", "adapter.enable"):
+        for action in (
+            "unlearn_request.start",
+            "unlearn_request.evaluate",
+            "unlearn_request.succeed",
+            "adapter.create",
+            "adapter.disable",
+            "adapter.enable",
+        ):
             assert action in actions, actions
 
 
 def test_cancel_running_request(e2e_logs, world):
     e2e = e2e_logs
     with e2e.client() as c:
-        req = c.submit(world["base_model"], world["forget"], world["retain"],
-                       params={**QUICK, "max_steps": 5000})
+        req = c.submit(
+            world["base_model"], world["forget"], world["retain"], params={**QUICK, "max_steps": 5000}
+        )
         wait_until(lambda: c.status(req["id"])["progress"]["step"] >= 2, 120, 0.3, "training to start")
         assert c.cancel(req["id"])["status"] in ("cancelling", "cancelled")
         done = _wait(c, req["id"], timeout=60)
@@ -121,8 +132,12 @@ def test_worker_killed_mid_run_resumes_from_checkpoint(e2e_logs, world):
     e2e = e2e_logs
     steps = 24
     with e2e.client() as c:
-        req = c.submit(world["base_model"], world["forget"], world["retain"],
-                       params={**QUICK, "max_steps": steps, "checkpoint_every": 3})
+        req = c.submit(
+            world["base_model"],
+            world["forget"],
+            world["retain"],
+            params={**QUICK, "max_steps": steps, "checkpoint_every": 3},
+        )
         # Past a checkpoint that reached storage (steps 3, 6, ... are saved; step 7's record means 6 is saved
         # and uploaded), kill the worker and its pool child without warning.
         wait_until(lambda: c.status(req["id"])["progress"]["step"] >= 8, 120, 0.2, "a few steps")
@@ -149,3 +164,56 @@ def test_worker_killed_mid_run_resumes_from_checkpoint(e2e_logs, world):
         assert len(mine) == 1 and mine[0]["id"] == done["adapter_id"]
         actions = [e["action"] for e in c.audit_log() if e["subject_id"] == req["id"]]
         assert actions.count("unlearn_request.start") == 1 and actions.count("unlearn_request.resume") == 1
+
+
+def test_cli_client_verbs(e2e_logs, world, tmp_path):
+    """`blade submit`, `blade status`, `blade rollback` over HTTP, configured by flags or BLADE_API_*."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.fixtures_worker import ROOT
+
+    e2e = e2e_logs
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BLADE_")}
+    env.update({"BLADE_API_URL": e2e.url, "BLADE_API_KEY": e2e.admin_key})
+
+    def blade(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "cli.main", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    forget = tmp_path / "forget.jsonl"
+    forget.write_bytes(jsonl(forget_rows(3)))
+    done = blade(
+        "submit",
+        "--base-model",
+        world["base_model"],
+        "--forget",
+        str(forget),
+        "--retain",
+        world["retain"],
+        "--set",
+        "max_steps=2",
+        "--set",
+        "early_stop=false",
+    )
+    assert done.returncode == 0, done.stderr
+    req = json.loads(done.stdout)
+    assert req["status"] == "queued" and req["params"] == {"max_steps": 2, "early_stop": False}
+    with e2e.client() as c:
+        c.cancel(req["id"])
+        assert c.wait(req["id"], timeout=120, interval=0.3)["status"] in ("cancelled", "succeeded")
+
+    shown = blade("status", req["id"], "--events", "--url", e2e.url, "--key", e2e.admin_key)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["id"] == req["id"]
+
+    missing = blade("rollback", "ad_doesnotexist", "--reason", "test")
+    assert missing.returncode == 2 and "404" in missing.stderr

@@ -17,8 +17,14 @@ from worker.names import ROUTES, Queue, TaskName
 
 
 def test_delivery_semantics_on_redis(tmp_path):
-    conf = build_config(Settings(data_dir=tmp_path, broker_url="redis://127.0.0.1:6379/0",
-                                 result_backend="redis://127.0.0.1:6379/1", task_time_limit_s=7200))
+    conf = build_config(
+        Settings(
+            data_dir=tmp_path,
+            broker_url="redis://127.0.0.1:6379/0",
+            result_backend="redis://127.0.0.1:6379/1",
+            task_time_limit_s=7200,
+        )
+    )
     assert conf["task_acks_late"] is True
     assert conf["task_reject_on_worker_lost"] is True
     assert conf["worker_prefetch_multiplier"] == 1
@@ -50,12 +56,26 @@ def test_every_task_has_a_route():
 def test_worker_command_lines():
     from cli.service import worker_argv
 
-    gpu = worker_argv(queues=["unlearn"], concurrency=1, pool="prefork", max_tasks_per_child=None, beat=None,
-                      name="gpu0@h", loglevel="info")
+    gpu = worker_argv(
+        queues=["unlearn"],
+        concurrency=1,
+        pool="prefork",
+        max_tasks_per_child=None,
+        beat=None,
+        name="gpu0@h",
+        loglevel="info",
+    )
     assert gpu[gpu.index("--max-tasks-per-child") + 1] == "1"
     assert gpu[gpu.index("--concurrency") + 1] == "1" and "--beat" not in gpu
-    side = worker_argv(queues=["inference", "maintenance"], concurrency=1, pool="threads",
-                       max_tasks_per_child=None, beat=None, name=None, loglevel="info")
+    side = worker_argv(
+        queues=["inference", "maintenance"],
+        concurrency=1,
+        pool="threads",
+        max_tasks_per_child=None,
+        beat=None,
+        name=None,
+        loglevel="info",
+    )
     assert "--max-tasks-per-child" not in side and "--beat" in side
 
 
@@ -71,24 +91,35 @@ def test_storage_keys():
 def _run(code: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("BLADE_")}
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=full_env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_api_side_never_imports_torch(tmp_path):
-    code = ("import sys, worker.celery_app, worker.dispatch, worker.names, client, persistence.jobs\n"
-            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]\n"
-            "print('ok')")
+    code = (
+        "import sys, worker.celery_app, worker.dispatch, worker.names, client, persistence.jobs\n"
+        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]\n"
+        "print('ok')"
+    )
     done = _run(code, {"BLADE_DATA_DIR": str(tmp_path)})
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr
 
 
 def test_enqueue_with_the_broker_down_leaves_the_request_to_the_reconciler(tmp_path):
-    code = ("import time\nfrom worker.dispatch import enqueue_unlearn\nt = time.monotonic()\n"
-            "ok = enqueue_unlearn('req_x')\nprint(ok, round(time.monotonic() - t, 1))")
+    code = (
+        "import time\nfrom worker.dispatch import enqueue_unlearn\nt = time.monotonic()\n"
+        "ok = enqueue_unlearn('req_x')\nprint(ok, round(time.monotonic() - t, 1))"
+    )
     started = time.monotonic()
-    done = _run(code, {"BLADE_DATA_DIR": str(tmp_path), "BLADE_BROKER_URL": "redis://127.0.0.1:1/0",
-                       "BLADE_RESULT_BACKEND": "redis://127.0.0.1:1/1"})
+    done = _run(
+        code,
+        {
+            "BLADE_DATA_DIR": str(tmp_path),
+            "BLADE_BROKER_URL": "redis://127.0.0.1:1/0",
+            "BLADE_RESULT_BACKEND": "redis://127.0.0.1:1/1",
+        },
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[0] == "False"
     assert time.monotonic() - started < 30
@@ -102,9 +133,11 @@ def test_generate_waits_a_bounded_time_when_no_worker_answers(tmp_path):
         redis.Redis.from_url(url, socket_connect_timeout=2).flushdb()
     except redis.exceptions.ConnectionError:
         pytest.skip("no Redis")
-    code = ("import time\nfrom worker.dispatch import generate, GenerateTimeout\nt = time.monotonic()\n"
-            "try:\n    generate('m', 'p', 4, timeout=1.5)\nexcept GenerateTimeout as e:\n"
-            "    print('timeout', e.code, round(time.monotonic() - t, 1))")
+    code = (
+        "import time\nfrom worker.dispatch import generate, GenerateTimeout\nt = time.monotonic()\n"
+        "try:\n    generate('m', 'p', 4, timeout=1.5)\nexcept GenerateTimeout as e:\n"
+        "    print('timeout', e.code, round(time.monotonic() - t, 1))"
+    )
     done = _run(code, {"BLADE_DATA_DIR": str(tmp_path), "BLADE_BROKER_URL": url, "BLADE_RESULT_BACKEND": url})
     redis.Redis.from_url(url).flushdb()
     assert done.returncode == 0, done.stderr

@@ -37,8 +37,16 @@ def make_request(worker_settings):
         tenant = Tenant(name=f"jobs-{uuid.uuid4().hex[:8]}")
         s.add(tenant)
         s.flush()
-        ds = Dataset(tenant_id=tenant.id, name="d.jsonl", sha256="0" * 64, rows=1, format="jsonl", kind="qa",
-                     size_bytes=1, storage_key="datasets/x/d.jsonl")
+        ds = Dataset(
+            tenant_id=tenant.id,
+            name="d.jsonl",
+            sha256="0" * 64,
+            rows=1,
+            format="jsonl",
+            kind="qa",
+            size_bytes=1,
+            storage_key="datasets/x/d.jsonl",
+        )
         s.add(ds)
         s.flush()
         tenant_id, ds_id = tenant.id, ds.id
@@ -50,11 +58,25 @@ def make_request(worker_settings):
                 s.add(bm)
                 s.flush()
                 base_model_id = bm.id
-            seq = (s.scalar(select(UnlearnRequest.queue_seq).where(UnlearnRequest.base_model_id == base_model_id)
-                            .order_by(UnlearnRequest.queue_seq.desc()).limit(1)) or 0) + 1
-            req = UnlearnRequest(tenant_id=tenant_id, base_model_id=base_model_id, forget_dataset_id=ds_id,
-                                 retain_dataset_id=ds_id, method="blade", params={}, request_fingerprint="f" * 64,
-                                 queue_seq=seq)
+            seq = (
+                s.scalar(
+                    select(UnlearnRequest.queue_seq)
+                    .where(UnlearnRequest.base_model_id == base_model_id)
+                    .order_by(UnlearnRequest.queue_seq.desc())
+                    .limit(1)
+                )
+                or 0
+            ) + 1
+            req = UnlearnRequest(
+                tenant_id=tenant_id,
+                base_model_id=base_model_id,
+                forget_dataset_id=ds_id,
+                retain_dataset_id=ds_id,
+                method="blade",
+                params={},
+                request_fingerprint="f" * 64,
+                queue_seq=seq,
+            )
             s.add(req)
             s.flush()
             return req.id
@@ -64,8 +86,9 @@ def make_request(worker_settings):
 
 def _claim(settings, request_id: str, owner: str, max_attempts: int = 5) -> jobs.Claim:
     with session_scope(settings) as s:
-        return jobs.claim_request(s, request_id=request_id, owner=owner, lease_seconds=LEASE,
-                                  max_attempts=max_attempts)
+        return jobs.claim_request(
+            s, request_id=request_id, owner=owner, lease_seconds=LEASE, max_attempts=max_attempts
+        )
 
 
 def _get(settings, request_id: str) -> UnlearnRequest:
@@ -133,7 +156,9 @@ def test_requests_of_one_base_model_run_in_submission_order(worker_settings, mak
         assert jobs.next_in_line(s, base_model_id=_base(worker_settings, r1)) == r1
         assert jobs.mark_failed(s, request_id=r1, owner="w1", code="boom", message="test failure")
     failed = _get(worker_settings, r1)
-    assert failed.status == RequestStatus.FAILED and failed.error_code == "boom" and failed.lease_owner is None
+    assert (
+        failed.status == RequestStatus.FAILED and failed.error_code == "boom" and failed.lease_owner is None
+    )
     assert _claim(worker_settings, r2, "w2").claimed
 
 
@@ -178,14 +203,22 @@ def test_step_events_are_upserted_and_trimmed_on_resume(worker_settings, make_re
     assert _claim(worker_settings, rid, "w").claimed
     with session_scope(worker_settings) as s:
         for step in (1, 2, 3, 4):
-            jobs.record_step(s, request_id=rid, owner="w", record={"step": step, "L_fgt": 1.0 / step,
-                                                                   "nan": float("nan")}, total_steps=10)
+            jobs.record_step(
+                s,
+                request_id=rid,
+                owner="w",
+                record={"step": step, "L_fgt": 1.0 / step, "nan": float("nan")},
+                total_steps=10,
+            )
     with session_scope(worker_settings) as s:
         assert jobs.drop_steps_after(s, request_id=rid, step=2) == 2
         jobs.record_step(s, request_id=rid, owner="w", record={"step": 3, "L_fgt": 9.0, "resumed_from": 2})
     with session_scope(worker_settings) as s:
-        events = list(s.scalars(select(TrainingEvent).where(TrainingEvent.request_id == rid)
-                                .order_by(TrainingEvent.step)))
+        events = list(
+            s.scalars(
+                select(TrainingEvent).where(TrainingEvent.request_id == rid).order_by(TrainingEvent.step)
+            )
+        )
         assert [e.step for e in events] == [1, 2, 3]
         assert events[2].record == {"step": 3, "L_fgt": 9.0, "resumed_from": 2}
         assert events[0].record["nan"] is None  # JSON-safe

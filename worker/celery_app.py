@@ -10,8 +10,8 @@ Brokers:
 
 Acks are late and a task whose worker process dies is rejected back to the queue, so a crash never drops an
 accepted request; the task itself is idempotent (a database lease decides who runs a request, and the adapter
-is created once per request). The GPU worker runs one task per child process (`--max-tasks-per-child 1`, set by
-`blade worker` for the unlearn queue) so CUDA memory is returned to the driver after every run.
+is created once per request). The GPU worker runs one task per child process (`--max-tasks-per-child 1`,
+set by `blade worker` for the unlearn queue) so CUDA memory is returned to the driver after every run.
 
     celery -A worker.celery_app:app worker -Q unlearn -c 1 --max-tasks-per-child 1    # or: blade worker
 """
@@ -46,8 +46,12 @@ def build_config(settings: Settings) -> dict[str, Any]:
         "broker_connection_retry_on_startup": True,
         # Publishing from the API must not hang a request handler when the broker is down: a few quick
         # retries, then the caller leaves the request queued and the reconciler enqueues it later.
-        "task_publish_retry_policy": {"max_retries": 2, "interval_start": 0, "interval_step": 0.5,
-                                      "interval_max": 1},
+        "task_publish_retry_policy": {
+            "max_retries": 2,
+            "interval_start": 0,
+            "interval_step": 0.5,
+            "interval_max": 1,
+        },
         "broker_connection_timeout": 4,
         # Delivery semantics.
         "task_acks_late": True,
@@ -74,7 +78,10 @@ def build_config(settings: Settings) -> dict[str, Any]:
             "reconcile": {
                 "task": TaskName.RECONCILE.value,
                 "schedule": float(settings.reconcile_interval_s),
-                "options": {"queue": Queue.MAINTENANCE.value, "expires": float(settings.reconcile_interval_s)},
+                "options": {
+                    "queue": Queue.MAINTENANCE.value,
+                    "expires": float(settings.reconcile_interval_s),
+                },
             }
         },
         "beat_schedule_filename": str((settings.data_dir / "celerybeat-schedule").resolve()),

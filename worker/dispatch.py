@@ -1,8 +1,8 @@
 """API-side helpers that publish work to the workers. Torch-free; imports only the Celery app.
 
-    from worker.dispatch import enqueue_unlearn, generate
-    enqueue_unlearn(request.id)                          # after the request row is committed
-    text = generate("demo-tiny", "Who wrote ...?", max_new_tokens=32, timeout=60)
+from worker.dispatch import enqueue_unlearn, generate
+enqueue_unlearn(request.id)                          # after the request row is committed
+text = generate("demo-tiny", "Who wrote ...?", max_new_tokens=32, timeout=60)
 """
 
 from __future__ import annotations
@@ -59,7 +59,9 @@ def enqueue_unlearn(request_id: str, *, countdown: float | None = None) -> bool:
 def enqueue_reconcile() -> bool:
     """Ask for a reconciliation pass now (same task the periodic schedule sends)."""
     try:
-        _app().send_task(TaskName.RECONCILE.value, queue=Queue.MAINTENANCE.value, expires=60, ignore_result=True)
+        _app().send_task(
+            TaskName.RECONCILE.value, queue=Queue.MAINTENANCE.value, expires=60, ignore_result=True
+        )
     except Exception as exc:
         log.warning("enqueue.failed", extra={"task": TaskName.RECONCILE.value, "error": repr(exc)})
         return False

@@ -35,9 +35,16 @@ def _beat(*, alive: bool = True) -> None:
     from persistence.settings import get_settings
 
     with session_scope(get_settings()) as session:
-        jobs.beat_worker(session, worker_name=_state["name"], queues=_state.get("queues"),
-                         hostname=socket.gethostname(), pid=os.getpid(), info=_state.get("info"), alive=alive,
-                         current_request_id=None if not alive else _current(session))
+        jobs.beat_worker(
+            session,
+            worker_name=_state["name"],
+            queues=_state.get("queues"),
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            info=_state.get("info"),
+            alive=alive,
+            current_request_id=None if not alive else _current(session),
+        )
 
 
 def _current(session: Any) -> str | None:
@@ -68,8 +75,9 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
         _beat()
     except Exception as exc:
         log.warning("worker.heartbeat_failed", extra={"error": repr(exc)})
-    threading.Thread(target=_loop, args=(float(settings.heartbeat_seconds),), daemon=True,
-                     name="blade-worker-heartbeat").start()
+    threading.Thread(
+        target=_loop, args=(float(settings.heartbeat_seconds),), daemon=True, name="blade-worker-heartbeat"
+    ).start()
 
 
 @signals.worker_shutdown.connect(weak=False)

@@ -43,6 +43,7 @@ from sqlalchemy import select
 from persistence import jobs
 from persistence.db import session_scope
 from persistence.models import (
+    TERMINAL_STATUSES,
     AdapterVersion,
     BaseModel,
     RequestStatus,
@@ -88,9 +89,9 @@ def _preload(**_: Any) -> None:
     starts in milliseconds instead of re-importing torch. Importing torch does not initialise CUDA: that still
     happens only inside a task, in the child."""
     try:
-        import blade_core.evaluation.generation  # noqa: F401
-        import blade_core.evaluation.request  # noqa: F401
-        import blade_core.lora  # noqa: F401
+        import blade_core.evaluation.generation
+        import blade_core.evaluation.request
+        import blade_core.lora
         import blade_core.unlearn  # noqa: F401
     except ImportError as exc:  # the [ml] extra is missing: tasks will fail with a readable error
         log.warning("worker.preload_failed", extra={"error": repr(exc)})
@@ -100,7 +101,7 @@ def _preload(**_: Any) -> None:
 
 
 def adapter_key(*, base_model_id: str, request_id: str) -> str:
-    """Where a request's adapter archive lives: one key per request, so a redelivery overwrites, never adds."""
+    """Where a request's adapter archive lives: one key per request (a redelivery overwrites, never adds)."""
     return f"adapters/{base_model_id}/{request_id}.tar.gz"
 
 
@@ -141,8 +142,10 @@ def fetch_adapter(storage: Storage, settings: Settings, *, adapter_id: str, key:
         storage.get_to_path(key, archive)
         actual = _sha256_file(archive)
         if sha256 and actual != sha256:
-            raise TaskFailure("artifact_corrupt", f"adapter {adapter_id}: stored archive has sha256 {actual}, "
-                                                  f"the registry says {sha256}")
+            raise TaskFailure(
+                "artifact_corrupt",
+                f"adapter {adapter_id}: stored archive has sha256 {actual}, the registry says {sha256}",
+            )
         from persistence.storage import extract_archive
 
         with open(archive, "rb") as fh:
@@ -192,10 +195,15 @@ def active_stack(session: Any, *, base_model_id: str) -> list[AdapterVersion]:
 
 
 class LeaseKeeper:
-    """Renews the request's lease every `heartbeat_seconds` in a daemon thread; notes cancels and a lost lease."""
+    """Renews the request's lease every `heartbeat_seconds` in a daemon thread; notes cancels."""
 
     def __init__(self, *, request_id: str, owner: str, settings: Settings, worker_name: str):
-        self.request_id, self.owner, self.settings, self.worker_name = request_id, owner, settings, worker_name
+        self.request_id, self.owner, self.settings, self.worker_name = (
+            request_id,
+            owner,
+            settings,
+            worker_name,
+        )
         self.cancelled = threading.Event()
         self.lost = threading.Event()
         self._stop = threading.Event()
@@ -214,10 +222,19 @@ class LeaseKeeper:
 
     def beat(self) -> None:
         with session_scope(self.settings) as session:
-            state = jobs.renew_lease(session, request_id=self.request_id, owner=self.owner,
-                                     lease_seconds=self.settings.lease_seconds)
-            jobs.beat_worker(session, worker_name=self.worker_name, pid=os.getpid(),
-                             hostname=socket.gethostname(), current_request_id=self.request_id)
+            state = jobs.renew_lease(
+                session,
+                request_id=self.request_id,
+                owner=self.owner,
+                lease_seconds=self.settings.lease_seconds,
+            )
+            jobs.beat_worker(
+                session,
+                worker_name=self.worker_name,
+                pid=os.getpid(),
+                hostname=socket.gethostname(),
+                current_request_id=self.request_id,
+            )
         if not state.owned and not (state.status and RequestStatus(state.status).terminal):
             log.warning("lease.lost", extra={"request_id": self.request_id, "owner": self.owner})
             self.lost.set()
@@ -271,27 +288,50 @@ def unlearn(self: Any, *, request_id: str) -> dict[str, Any]:
     worker_name = getattr(self.request, "hostname", None) or WORKER_ID
     owner = f"{worker_name}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     with session_scope(settings) as session:
-        claim = jobs.claim_request(session, request_id=request_id, owner=owner,
-                                   lease_seconds=settings.lease_seconds, max_attempts=settings.max_attempts)
-    log.info("unlearn.claim", extra={"request_id": request_id, "outcome": claim.outcome.value,
-                                     "attempt": claim.attempt, "blocked_by": claim.blocked_by})
+        claim = jobs.claim_request(
+            session,
+            request_id=request_id,
+            owner=owner,
+            lease_seconds=settings.lease_seconds,
+            max_attempts=settings.max_attempts,
+        )
+    log.info(
+        "unlearn.claim",
+        extra={
+            "request_id": request_id,
+            "outcome": claim.outcome.value,
+            "attempt": claim.attempt,
+            "blocked_by": claim.blocked_by,
+        },
+    )
     if not claim.claimed:
-        if claim.outcome in (jobs.ClaimOutcome.TERMINAL, jobs.ClaimOutcome.CANCELLED, jobs.ClaimOutcome.EXHAUSTED):
+        if claim.outcome in (
+            jobs.ClaimOutcome.TERMINAL,
+            jobs.ClaimOutcome.CANCELLED,
+            jobs.ClaimOutcome.EXHAUSTED,
+        ):
             _kick_next(settings, request_id=request_id)
         return {"request_id": request_id, "outcome": claim.outcome.value, "blocked_by": claim.blocked_by}
 
     outcome = "failed"
     started = time.monotonic()
     try:
-        with LeaseKeeper(request_id=request_id, owner=owner, settings=settings, worker_name=worker_name) as lease:
+        with LeaseKeeper(
+            request_id=request_id, owner=owner, settings=settings, worker_name=worker_name
+        ) as lease:
             ctx = _load_context(settings, owner=owner, request_id=request_id, attempt=claim.attempt)
             outcome = _run_request(ctx, lease)
     except jobs.LeaseLost as exc:
         outcome = "lease_lost"
         log.warning("unlearn.lease_lost", extra={"request_id": request_id, "error": str(exc)})
     except SoftTimeLimitExceeded:
-        _fail(settings, request_id, owner, "time_limit",
-              f"training exceeded the worker's time limit of {settings.task_soft_time_limit_s} s")
+        _fail(
+            settings,
+            request_id,
+            owner,
+            "time_limit",
+            f"training exceeded the worker's time limit of {settings.task_soft_time_limit_s} s",
+        )
     except TaskFailure as exc:
         _fail(settings, request_id, owner, exc.code, exc.message)
     except Exception as exc:
@@ -303,9 +343,12 @@ def unlearn(self: Any, *, request_id: str) -> dict[str, Any]:
         with contextlib.suppress(Exception), session_scope(settings) as session:
             jobs.beat_worker(session, worker_name=worker_name, pid=os.getpid(), current_request_id=None)
         _free_accelerator()
-    log.info("unlearn.done", extra={"request_id": request_id, "outcome": outcome,
-                                    "seconds": round(time.monotonic() - started, 3)})
+    log.info(
+        "unlearn.done",
+        extra={"request_id": request_id, "outcome": outcome, "seconds": round(time.monotonic() - started, 3)},
+    )
     if outcome != "lease_lost":
+        cleanup_terminal(settings, request_id=request_id)
         _kick_next(settings, request_id=request_id)
     return {"request_id": request_id, "outcome": outcome, "attempt": claim.attempt}
 
@@ -318,13 +361,28 @@ def _load_context(settings: Settings, *, owner: str, request_id: str, attempt: i
             raise TaskFailure("not_found", f"request {request_id} vanished")
         base: BaseModel = req.base_model
         ctx = RunContext(
-            settings=settings, storage=storage, owner=owner, request_id=req.id, tenant_id=req.tenant_id,
-            base_model_id=base.id, base_model_name=base.name, base_source=base.source, method=req.method,
-            params=dict(req.params or {}), status=RequestStatus(req.status), attempt=attempt,
-            forget={"id": req.forget_dataset.id, "key": req.forget_dataset.storage_key,
-                    "sha256": req.forget_dataset.sha256},
-            retain={"id": req.retain_dataset.id, "key": req.retain_dataset.storage_key,
-                    "sha256": req.retain_dataset.sha256},
+            settings=settings,
+            storage=storage,
+            owner=owner,
+            request_id=req.id,
+            tenant_id=req.tenant_id,
+            base_model_id=base.id,
+            base_model_name=base.name,
+            base_source=base.source,
+            method=req.method,
+            params=dict(req.params or {}),
+            status=RequestStatus(req.status),
+            attempt=attempt,
+            forget={
+                "id": req.forget_dataset.id,
+                "key": req.forget_dataset.storage_key,
+                "sha256": req.forget_dataset.sha256,
+            },
+            retain={
+                "id": req.retain_dataset.id,
+                "key": req.retain_dataset.storage_key,
+                "sha256": req.retain_dataset.sha256,
+            },
             metrics_before=dict(req.metrics_before) if req.metrics_before else None,
             checkpoint_key=req.checkpoint_key,
             workdir=settings.data_dir.resolve() / "work" / req.id,
@@ -337,7 +395,9 @@ def _load_context(settings: Settings, *, owner: str, request_id: str, attempt: i
             stack = [by_id[i] for i in recorded if i in by_id]
         else:
             stack = active_stack(session, base_model_id=base.id)
-        ctx.stack = [{"id": a.id, "key": a.storage_key, "sha256": a.sha256, "version": a.version} for a in stack]
+        ctx.stack = [
+            {"id": a.id, "key": a.storage_key, "sha256": a.sha256, "version": a.version} for a in stack
+        ]
     return ctx
 
 
@@ -348,8 +408,10 @@ def _run_request(ctx: RunContext, lease: LeaseKeeper) -> str:
     forget_path = _fetch_dataset(storage, ctx.forget, ctx.workdir / f"forget{_suffix(ctx.forget['key'])}")
     retain_path = _fetch_dataset(storage, ctx.retain, ctx.workdir / f"retain{_suffix(ctx.retain['key'])}")
     base_ref = resolve_base_model(storage, settings, ctx.base_source)
-    stack_dirs = [fetch_adapter(storage, settings, adapter_id=a["id"], key=a["key"], sha256=a["sha256"])
-                  for a in ctx.stack]
+    stack_dirs = [
+        fetch_adapter(storage, settings, adapter_id=a["id"], key=a["key"], sha256=a["sha256"])
+        for a in ctx.stack
+    ]
     out_dir = ctx.workdir / "adapter"
     staged = adapter_key(base_model_id=ctx.base_model_id, request_id=ctx.request_id)
 
@@ -373,7 +435,6 @@ def _run_request(ctx: RunContext, lease: LeaseKeeper) -> str:
             raise jobs.LeaseLost(f"request {ctx.request_id}: lease lost during training")
         if result.status == "cancelled":
             ctx.write(jobs.mark_cancelled, message=f"cancelled by request: {result.message}")
-            _cleanup(ctx)
             return "cancelled"
         if result.status == "collapsed":
             raise TaskFailure("collapsed", f"training collapsed: {result.message}")
@@ -387,7 +448,6 @@ def _run_request(ctx: RunContext, lease: LeaseKeeper) -> str:
         if lease.lost.is_set():
             raise jobs.LeaseLost(f"request {ctx.request_id}: lease lost during evaluation")
         ctx.write(jobs.mark_cancelled, message="cancelled during evaluation; no adapter was registered")
-        _cleanup(ctx)
         return "cancelled"
 
     sha = storage.digest(staged)
@@ -395,17 +455,26 @@ def _run_request(ctx: RunContext, lease: LeaseKeeper) -> str:
     with session_scope(settings) as session:
         request = jobs.lock_owned(session, request_id=ctx.request_id, owner=ctx.owner)
         if jobs.is_cancel_requested(session, request_id=ctx.request_id):
-            jobs.mark_cancelled(session, request=request, actor=f"worker:{ctx.owner}",
-                                message="cancelled before the adapter was registered")
+            jobs.mark_cancelled(
+                session,
+                request=request,
+                actor=f"worker:{ctx.owner}",
+                message="cancelled before the adapter was registered",
+            )
             outcome = "cancelled"
         else:
-            adapter = _register_adapter(session, ctx, request=request, key=staged, sha256=sha, size=size,
-                                        run_status=run_status)
+            adapter = _register_adapter(
+                session, ctx, request=request, key=staged, sha256=sha, size=size, run_status=run_status
+            )
             after["stack"][-1] = adapter.id
-            jobs.mark_succeeded(session, request_id=ctx.request_id, owner=ctx.owner, adapter_id=adapter.id,
-                                metrics_after=after)
+            jobs.mark_succeeded(
+                session,
+                request_id=ctx.request_id,
+                owner=ctx.owner,
+                adapter_id=adapter.id,
+                metrics_after=after,
+            )
             outcome = "succeeded"
-    _cleanup(ctx)
     return outcome
 
 
@@ -415,13 +484,20 @@ def _fetch_dataset(storage: Storage, ds: dict[str, str], dest: Path) -> Path:
     storage.get_to_path(ds["key"], dest)
     actual = _sha256_file(dest)
     if ds["sha256"] and actual != ds["sha256"]:
-        raise TaskFailure("artifact_corrupt", f"dataset {ds['id']}: stored bytes have sha256 {actual}, "
-                                              f"the record says {ds['sha256']}")
+        raise TaskFailure(
+            "artifact_corrupt",
+            f"dataset {ds['id']}: stored bytes have sha256 {actual}, the record says {ds['sha256']}",
+        )
     return dest
 
 
-def _measure(base_ref: str, adapter_dirs: list[Path], forget_rows: list[dict[str, Any]],
-             retain_rows: list[dict[str, Any]], settings: Settings) -> dict[str, Any]:
+def _measure(
+    base_ref: str,
+    adapter_dirs: list[Path],
+    forget_rows: list[dict[str, Any]],
+    retain_rows: list[dict[str, Any]],
+    settings: Settings,
+) -> dict[str, Any]:
     """Forget/retain metrics of base + `adapter_dirs` on the request's data."""
     from blade_core.evaluation.request import request_metrics
     from blade_core.lora import load_with_stack
@@ -434,8 +510,15 @@ def _measure(base_ref: str, adapter_dirs: list[Path], forget_rows: list[dict[str
         _free_accelerator()
 
 
-def _train(ctx: RunContext, lease: LeaseKeeper, base_ref: str, stack_dirs: list[Path], forget_path: Path,
-           retain_path: Path, out_dir: Path) -> Any:
+def _train(
+    ctx: RunContext,
+    lease: LeaseKeeper,
+    base_ref: str,
+    stack_dirs: list[Path],
+    forget_path: Path,
+    retain_path: Path,
+    out_dir: Path,
+) -> Any:
     """run_unlearning with hooks that publish each step, poll for a cancel and sync checkpoints to storage."""
     from blade_core.methods.base import Hooks
     from blade_core.unlearn import run_unlearning
@@ -462,8 +545,10 @@ def _train(ctx: RunContext, lease: LeaseKeeper, base_ref: str, stack_dirs: list[
     with session_scope(settings) as session:
         jobs.drop_steps_after(session, request_id=ctx.request_id, step=resumed_from)
     if resumed_from:
-        log.info("unlearn.resume", extra={"request_id": ctx.request_id, "step": resumed_from,
-                                          "attempt": ctx.attempt})
+        log.info(
+            "unlearn.resume",
+            extra={"request_id": ctx.request_id, "step": resumed_from, "attempt": ctx.attempt},
+        )
 
     synced = {"fingerprint": None, "key": ctx.checkpoint_key}
     first_record = {"pending": True}
@@ -503,9 +588,19 @@ def _train(ctx: RunContext, lease: LeaseKeeper, base_ref: str, stack_dirs: list[
     hooks = Hooks(on_step=on_step, should_stop=lease.should_stop, checkpoint_dir=ckpt_dir)
     seed = int(overrides.pop("seed", 0))
     try:
-        return run_unlearning(model=base_ref, forget=forget_path, retain=retain_path, out_dir=out_dir,
-                              method=ctx.method, adapters=stack_dirs, overrides=overrides, seed=seed,
-                              hooks=hooks, device=settings.device, progress=False)
+        return run_unlearning(
+            model=base_ref,
+            forget=forget_path,
+            retain=retain_path,
+            out_dir=out_dir,
+            method=ctx.method,
+            adapters=stack_dirs,
+            overrides=overrides,
+            seed=seed,
+            hooks=hooks,
+            device=settings.device,
+            progress=False,
+        )
     except ValueError as exc:  # config or data the engine refused (validated up front, so rare)
         raise TaskFailure("invalid_request", str(exc)) from exc
 
@@ -527,11 +622,21 @@ def _observe(ctx: RunContext, record: dict[str, Any]) -> None:
     except ImportError:  # pragma: no cover
         return
     with contextlib.suppress(Exception):
-        observe_step(request_id=ctx.request_id, base_model=ctx.base_model_name, method=ctx.method, record=record)
+        observe_step(
+            request_id=ctx.request_id, base_model=ctx.base_model_name, method=ctx.method, record=record
+        )
 
 
-def _register_adapter(session: Any, ctx: RunContext, *, request: UnlearnRequest, key: str, sha256: str,
-                      size: int, run_status: str | None) -> AdapterVersion:
+def _register_adapter(
+    session: Any,
+    ctx: RunContext,
+    *,
+    request: UnlearnRequest,
+    key: str,
+    sha256: str,
+    size: int,
+    run_status: str | None,
+) -> AdapterVersion:
     """The request's adapter version: created once; a redelivery finds the one it made before."""
     from persistence import registry
 
@@ -540,19 +645,34 @@ def _register_adapter(session: Any, ctx: RunContext, *, request: UnlearnRequest,
     if run_status:
         hyper["run_status"] = run_status
     return registry.create_adapter_version(
-        session, request=request, artifact_key=key, sha256=sha256, size_bytes=size,
-        parent_stack=[a["id"] for a in ctx.stack], hyperparameters=hyper, actor=f"worker:{ctx.owner}")
+        session,
+        request=request,
+        artifact_key=key,
+        sha256=sha256,
+        size_bytes=size,
+        parent_stack=[a["id"] for a in ctx.stack],
+        hyperparameters=hyper,
+        actor=f"worker:{ctx.owner}",
+    )
 
 
-def _cleanup(ctx: RunContext) -> None:
-    """After a terminal state: the checkpoints and the local scratch dir are no longer needed."""
-    with contextlib.suppress(Exception), session_scope(ctx.settings) as session:
-        req = jobs.get_request(session, request_id=ctx.request_id)
-        key = req.checkpoint_key if req is not None else None
-    if key:
-        with contextlib.suppress(Exception):
-            ctx.storage.delete(key)
-    shutil.rmtree(ctx.workdir, ignore_errors=True)
+def cleanup_terminal(settings: Settings, *, request_id: str) -> None:
+    """Once a request is terminal: drop its checkpoints, its staged archive when no adapter was registered
+    from it, and the local scratch dir. Best effort; never raises."""
+    try:
+        with session_scope(settings) as session:
+            req = jobs.get_request(session, request_id=request_id)
+            if req is None or RequestStatus(req.status) not in TERMINAL_STATUSES:
+                return
+            ckpt, base_model_id, has_adapter = req.checkpoint_key, req.base_model_id, req.adapter is not None
+        storage = get_storage(settings)
+        if ckpt:
+            storage.delete(ckpt)
+        if not has_adapter:
+            storage.delete(adapter_key(base_model_id=base_model_id, request_id=request_id))
+    except Exception as exc:
+        log.warning("unlearn.cleanup_failed", extra={"request_id": request_id, "error": repr(exc)})
+    shutil.rmtree(settings.data_dir.resolve() / "work" / request_id, ignore_errors=True)
 
 
 def _fail(settings: Settings, request_id: str, owner: str, code: str, message: str) -> bool:
@@ -624,7 +744,7 @@ _MODEL_LOCK = threading.Lock()
 
 @app.task(name=TaskName.GENERATE.value, soft_time_limit=300, time_limit=360)
 def generate(*, base_model: str, prompt: str, max_new_tokens: int = 64) -> dict[str, Any]:
-    """Greedy completion by base + active stack; the loaded model is cached per stack digest in this process."""
+    """Greedy completion by base + active stack; the model is cached per stack digest."""
     settings = get_settings()
     try:
         storage = get_storage(settings)
@@ -651,8 +771,15 @@ def generate(*, base_model: str, prompt: str, max_new_tokens: int = 64) -> dict[
             model, tokenizer = entry
             from blade_core.evaluation.generation import generate as greedy
 
-            text = greedy(model, tokenizer, [prompt], max_new_tokens=max(1, int(max_new_tokens)), batch_size=1)[0]
-        return {"text": text, "base_model": base_model, "stack": [i for i, _, _ in stack], "stack_digest": digest}
+            text = greedy(
+                model, tokenizer, [prompt], max_new_tokens=max(1, int(max_new_tokens)), batch_size=1
+            )[0]
+        return {
+            "text": text,
+            "base_model": base_model,
+            "stack": [i for i, _, _ in stack],
+            "stack_digest": digest,
+        }
     except Exception as exc:
         log.exception("generate.error", extra={"base_model": base_model})
         return {"error": {"code": "generate_failed", "message": f"{type(exc).__name__}: {exc}"}}
@@ -677,7 +804,9 @@ def reconcile() -> dict[str, Any]:
     settings = get_settings()
     with session_scope(settings) as session:
         if session.get_bind().dialect.name == "postgresql":
-            got = session.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": RECONCILE_LOCK_ID}).scalar()
+            got = session.execute(
+                text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": RECONCILE_LOCK_ID}
+            ).scalar()
             if not got:
                 return {"skipped": "locked"}
         ids = jobs.reconcile_candidates(session, requeue_after_s=settings.requeue_after_s)
