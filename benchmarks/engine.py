@@ -234,6 +234,12 @@ def _measure(name: str, argv: list[str]) -> dict[str, float]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads on the CPU (default 1: on a shared machine more threads spin and skew time)",
+    )
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=4)
@@ -257,13 +263,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
     if args.work:
+        if device.type == "cpu":
+            torch.set_num_threads(args.threads)
         print(json.dumps(WORKS[args.work](args, device)))
         return 0
 
     passthrough = [a for a in argv if a not in ("--skip-steps", "--skip-entropy")]
     figures: dict[str, dict[str, float]] = {}
+    threads = args.threads if device.type == "cpu" else torch.get_num_threads()
     print(
-        f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"device {device}, torch {torch.__version__}, {threads} threads, "
         f"load average {os.getloadavg()[0]:.1f}"
     )
     if not args.skip_steps:
