@@ -1,8 +1,8 @@
 """`blade bench` end to end on a very small world: 2 methods x 1 split x 1 seed, a few steps.
 
-On the shared tiny world (`tiny_world`, `tiny_gold`: 12 authors, quick-size target and forget10 gold), runs the
-bench through the CLI, and checks results.json against CONTRACT.md, results.md's tables and the plot files;
-a second invocation must reuse the cached runs.
+On the shared tiny world (`tiny_world`, `tiny_gold`: 12 authors, quick-size target and forget10 gold), runs
+the bench through the CLI, and checks results.json against CONTRACT.md, results.md's tables and the plot
+files; a second invocation must reuse the cached runs.
 """
 
 from __future__ import annotations
