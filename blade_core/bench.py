@@ -46,7 +46,7 @@ ROW_KEYS: tuple[str, ...] = (
     "peak_mem_mb",
 )
 DYNAMICS_METHODS: tuple[str, ...] = ("blade", "pdu")  # methods with a multiplier and a T_trans to plot
-RESULTS_VERSION = 1
+RESULTS_VERSION = 2  # bump when a run row is computed differently (invalidates cached runs)
 
 Log = Callable[[str], None]
 
@@ -123,6 +123,17 @@ class BenchPlan:
 # --- memory ----------------------------------------------------------------------------------
 
 
+def _release_free_memory() -> None:
+    """Collect garbage and hand free heap pages back to the OS (glibc `malloc_trim`), so RSS measures anew."""
+    import contextlib
+    import ctypes
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: RSS deltas may understate reused memory
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 class PeakMemory:
     """Peak memory of a block in MB: CUDA's max allocated on GPU; on CPU, peak process RSS (sampled every 20
     ms)
@@ -151,6 +162,7 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats()
             self._base = torch.cuda.memory_allocated()
             return self
+        _release_free_memory()  # else the run reuses freed heap pages and its growth barely shows in RSS
         self._base = self.rss_mb()
         self._max = self._base
 
@@ -390,6 +402,17 @@ def _fingerprint(plan: BenchPlan, method: str) -> dict[str, Any]:
     }
 
 
+def _builds(plan: BenchPlan, split: str) -> dict[str, str | None]:
+    """Which builds of the target and the split's gold model a run used (`blade model build` keys), so a model
+    rebuilt in place (new data, new recipe) invalidates the cached runs made with the old one."""
+
+    def key(model_dir: Path | None) -> str | None:
+        info = _read_json(model_dir / "build_info.json") if model_dir is not None else None
+        return info.get("key") if isinstance(info, dict) else None
+
+    return {"target": key(plan.target), "gold": key(plan.golds.get(split))}
+
+
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
@@ -429,6 +452,7 @@ def reference_evals(plan: BenchPlan, log: Log) -> tuple[dict[str, Any], list[dic
             "target": str(plan.target.resolve()),
             "gold": str(plan.golds[split].resolve()) if split in plan.golds else None,
             "settings": asdict(s),
+            "builds": _builds(plan, split),
         }
         if cached is None or cached.get("key") != key:
             entry: dict[str, Any] = {"key": key, "rows": []}
@@ -496,13 +520,19 @@ def run_bench(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
         bar.set_postfix_str(f"{method} {split} seed {seed}")
         run_dir = _run_dir(plan, method, split, seed)
         cached = _read_json(run_dir / "row.json")
-        if cached is not None and cached.get("fingerprint") == _fingerprint(plan, method):
+        builds = _builds(plan, split)
+        if (
+            cached is not None
+            and cached.get("fingerprint") == _fingerprint(plan, method)
+            and cached.get("builds", builds) == builds
+        ):
             row, history = cached["row"], _read_json(run_dir / "history.json") or []
         else:
             out = run_one(plan, method, split, seed, refs.get(split), lambda msg: tqdm.write(msg))
             row, history = out["row"], out["history"]
             _write_json(run_dir / "history.json", history)
-            _write_json(run_dir / "row.json", {"fingerprint": _fingerprint(plan, method), "row": row})
+            entry = {"fingerprint": _fingerprint(plan, method), "builds": builds, "row": row}
+            _write_json(run_dir / "row.json", entry)
         rows.append(row)
         histories[(method, split, seed)] = history
     bar.close()
