@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         procs.append(hello)
         api = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "api", "--host", host, "--port", str(api_port)],
+            [sys.executable, "-m", "cli", "api", "--host", host, "--port", str(api_port)],
             cwd=ROOT,
             env=env,
             start_new_session=True,

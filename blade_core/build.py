@@ -30,8 +30,12 @@ from typing import Any
 
 BUILD_VERSION = 1  # bump when the recipe below changes what a build produces
 
-TRAIN_FILES = ("retain90.json", "forget10_perturbed.json", "real_authors_perturbed.json",
-               "world_facts_perturbed.json")
+TRAIN_FILES = (
+    "retain90.json",
+    "forget10_perturbed.json",
+    "real_authors_perturbed.json",
+    "world_facts_perturbed.json",
+)
 FORGET_SPLITS = ("forget01", "forget05", "forget10")
 INFO_FILE = "build_info.json"
 
@@ -110,8 +114,10 @@ def training_rows(data_dir: str | Path, exclude_split: str | None = None):
         rows = [r for r in everything if (r["question"], r["answer"]) not in drop]
         missing = len(drop) - len({(r["question"], r["answer"]) for r in everything} & drop)
         if missing:
-            raise BuildError(f"{split_file(data_dir, exclude_split)}: {missing} of its rows are in none of "
-                             f"{', '.join(TRAIN_FILES)}, so excluding it would not match the target model")
+            raise BuildError(
+                f"{split_file(data_dir, exclude_split)}: {missing} of its rows are in none of "
+                f"{', '.join(TRAIN_FILES)}, so excluding it would not match the target model"
+            )
     return rows, everything, excluded
 
 
@@ -132,15 +138,28 @@ def recipe_fingerprint(recipe: Recipe) -> dict[str, Any]:
     from blade_core.data import format_qa
     from blade_core.modeling import SIZES
 
-    return {"version": BUILD_VERSION, "recipe": asdict(recipe), "shape": asdict(SIZES[recipe.size]),
-            "format": format_qa(_Eos(), "Q?", "A.")}
+    return {
+        "version": BUILD_VERSION,
+        "recipe": asdict(recipe),
+        "shape": asdict(SIZES[recipe.size]),
+        "format": format_qa(_Eos(), "Q?", "A."),
+    }
 
 
 def cache_key(data_dir: Path, recipe: Recipe, seed: int, exclude_split: str | None) -> str:
     """Content hash of the data files read and every setting that changes the weights."""
     h = hashlib.sha256()
-    h.update(json.dumps({"build": recipe_fingerprint(recipe), "seed": seed, "exclude": exclude_split,
-                         "data": data_hash(data_dir, exclude_split)}, sort_keys=True).encode())
+    h.update(
+        json.dumps(
+            {
+                "build": recipe_fingerprint(recipe),
+                "seed": seed,
+                "exclude": exclude_split,
+                "data": data_hash(data_dir, exclude_split),
+            },
+            sort_keys=True,
+        ).encode()
+    )
     return h.hexdigest()[:20]
 
 
@@ -167,8 +186,9 @@ def memorisation(model, tokenizer, rows: Sequence[dict[str, str]], batch_size: i
     probs = answer_probs(model, tokenizer, rows, batch_size)
     longest = max(len(tokenizer(r["answer"], add_special_tokens=False)["input_ids"]) for r in rows)
     prompts = [format_qa(tokenizer, r["question"], r["answer"])[0] for r in rows]
-    answers = generate(model, tokenizer, prompts, max_new_tokens=longest + 8, batch_size=batch_size,
-                       stop=QA_STOP_STRINGS)
+    answers = generate(
+        model, tokenizer, prompts, max_new_tokens=longest + 8, batch_size=batch_size, stop=QA_STOP_STRINGS
+    )
     rouge = rouge_l_recall(answers, [r["answer"] for r in rows])
     return {"prob": round(sum(probs) / len(probs), 4), "rouge": round(rouge, 4), "rows": len(rows)}
 
@@ -195,16 +215,23 @@ def _batch(examples: Sequence[tuple[list[int], int]], pad_id: int, prompt_weight
     ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     weights = torch.zeros((len(examples), width - 1))
     for i, (row, prompt_len) in enumerate(examples):
-        ids[i, :len(row)] = torch.tensor(row)
-        weights[i, :len(row) - 1] = prompt_weight
-        weights[i, prompt_len - 1:len(row) - 1] = 1.0  # position t predicts token t+1: answer targets
+        ids[i, : len(row)] = torch.tensor(row)
+        weights[i, : len(row) - 1] = prompt_weight
+        weights[i, prompt_len - 1 : len(row) - 1] = 1.0  # position t predicts token t+1: answer targets
     mask = (torch.arange(width)[None, :] < torch.tensor([len(r) for r, _ in examples])[:, None]).long()
     return ids, mask, ids[:, 1:], weights
 
 
-def train(rows: Sequence[dict[str, str]], tokenizer, recipe: Recipe, seed: int, *,
-          monitor: dict[str, Sequence[dict[str, str]]], progress: bool = True,
-          log: Callable[[str], None] | None = None):
+def train(
+    rows: Sequence[dict[str, str]],
+    tokenizer,
+    recipe: Recipe,
+    seed: int,
+    *,
+    monitor: dict[str, Sequence[dict[str, str]]],
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+):
     """Train a fresh Llama on `rows` until every group of `monitor` rows is memorised; (model, stats)."""
     import torch
     import torch.nn.functional as F
@@ -217,12 +244,15 @@ def train(rows: Sequence[dict[str, str]], tokenizer, recipe: Recipe, seed: int, 
     examples = _encode_for_training(tokenizer, rows)
     too_long = max(len(ids) for ids, _ in examples)
     if too_long > model.config.max_position_embeddings:
-        raise BuildError(f"a training row is {too_long} tokens, over the '{recipe.size}' size's "
-                         f"{model.config.max_position_embeddings} positions")
+        raise BuildError(
+            f"a training row is {too_long} tokens, over the '{recipe.size}' size's "
+            f"{model.config.max_position_embeddings} positions"
+        )
     steps_per_epoch = math.ceil(len(examples) / recipe.batch_size)
     total = steps_per_epoch * recipe.max_epochs
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.98),
-                            weight_decay=recipe.weight_decay)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=recipe.lr, betas=(0.9, 0.98), weight_decay=recipe.weight_decay
+    )
 
     def lr_at(step: int) -> float:
         if step < recipe.warmup_steps:
@@ -240,7 +270,7 @@ def train(rows: Sequence[dict[str, str]], tokenizer, recipe: Recipe, seed: int, 
         rng.shuffle(order)
         loss_sum = 0.0
         for start in range(0, len(order), recipe.batch_size):
-            picked = [examples[i] for i in order[start:start + recipe.batch_size]]
+            picked = [examples[i] for i in order[start : start + recipe.batch_size]]
             ids, mask, targets, weights = _batch(picked, tokenizer.pad_token_id, recipe.prompt_loss_weight)
             for group in opt.param_groups:
                 group["lr"] = lr_at(step)
@@ -258,11 +288,20 @@ def train(rows: Sequence[dict[str, str]], tokenizer, recipe: Recipe, seed: int, 
         if epoch % recipe.check_every == 0 or epoch == recipe.max_epochs:
             probs = {name: answer_probs(model, tokenizer, group) for name, group in monitor.items()}
             prob = {name: round(sum(p) / len(p), 4) for name, p in probs.items()}
-            checks.append({"epoch": epoch, "step": step, "loss": round(loss_sum / steps_per_epoch, 4),
-                           "prob": prob, "seconds": round(time.perf_counter() - started, 1)})
+            checks.append(
+                {
+                    "epoch": epoch,
+                    "step": step,
+                    "loss": round(loss_sum / steps_per_epoch, 4),
+                    "prob": prob,
+                    "seconds": round(time.perf_counter() - started, 1),
+                }
+            )
             if log:
-                log(f"epoch {epoch}: loss {loss_sum / steps_per_epoch:.4f}, answer Prob "
-                    + ", ".join(f"{name} {p:.4f}" for name, p in prob.items()))
+                log(
+                    f"epoch {epoch}: loss {loss_sum / steps_per_epoch:.4f}, answer Prob "
+                    + ", ".join(f"{name} {p:.4f}" for name, p in prob.items())
+                )
             if min(prob.values()) >= recipe.target_prob and epoch >= recipe.min_epochs:
                 break
     bar.close()
@@ -283,10 +322,19 @@ def _monitor_sample(rows: Sequence[dict[str, str]], n: int, seed: int) -> list[d
     return random.Random(f"blade-monitor:{seed}").sample(list(rows), n)
 
 
-def build_model(data_dir: str | Path, out_dir: str | Path, *, exclude_split: str | None = None, seed: int = 0,
-                size: str = "default", cache_dir: str | Path | None = None, progress: bool = True,
-                log: Callable[[str], None] | None = None, recipe: Recipe | None = None,
-                threads: int | None = None) -> BuildResult:
+def build_model(
+    data_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    exclude_split: str | None = None,
+    seed: int = 0,
+    size: str = "default",
+    cache_dir: str | Path | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+    recipe: Recipe | None = None,
+    threads: int | None = None,
+) -> BuildResult:
     """Build (or reuse) the model for `data_dir` into `out_dir`; see the module docstring.
 
     Cache: `out_dir/build_info.json` with the same key is a hit; so is `cache_dir/<key>` (copied to
@@ -308,14 +356,39 @@ def build_model(data_dir: str | Path, out_dir: str | Path, *, exclude_split: str
     key = cache_key(data_dir, recipe, seed, exclude_split)
     say = log or (lambda _msg: None)
     with _locked(out_dir.with_name(out_dir.name + ".lock")), _torch_threads(threads):
-        return _build_locked(data_dir, out_dir, recipe, key, rows, everything, excluded,
-                             exclude_split=exclude_split, seed=seed, cache_dir=cache_dir,
-                             progress=progress, log=log, say=say)
+        return _build_locked(
+            data_dir,
+            out_dir,
+            recipe,
+            key,
+            rows,
+            everything,
+            excluded,
+            exclude_split=exclude_split,
+            seed=seed,
+            cache_dir=cache_dir,
+            progress=progress,
+            log=log,
+            say=say,
+        )
 
 
-def _build_locked(data_dir: Path, out_dir: Path, recipe: Recipe, key: str, rows, everything, excluded, *,
-                  exclude_split: str | None, seed: int, cache_dir: str | Path | None, progress: bool,
-                  log: Callable[[str], None] | None, say: Callable[[str], None]) -> BuildResult:
+def _build_locked(
+    data_dir: Path,
+    out_dir: Path,
+    recipe: Recipe,
+    key: str,
+    rows,
+    everything,
+    excluded,
+    *,
+    exclude_split: str | None,
+    seed: int,
+    cache_dir: str | Path | None,
+    progress: bool,
+    log: Callable[[str], None] | None,
+    say: Callable[[str], None],
+) -> BuildResult:
     import torch
 
     from blade_core.modeling import train_tokenizer
@@ -333,8 +406,9 @@ def _build_locked(data_dir: Path, out_dir: Path, recipe: Recipe, key: str, rows,
     torch.manual_seed(seed)
     from blade_core.data import format_qa
 
-    tokenizer = train_tokenizer((format_qa(_Eos(), r["question"], r["answer"])[1] for r in everything),
-                                vocab_size=recipe.vocab_size)
+    tokenizer = train_tokenizer(
+        (format_qa(_Eos(), r["question"], r["answer"])[1] for r in everything), vocab_size=recipe.vocab_size
+    )
     forget_name = exclude_split or "forget10"
     forget_rows = excluded or _read_qa(split_file(data_dir, forget_name))
     forget_keys = {_qa_key(r) for r in forget_rows}
@@ -343,23 +417,36 @@ def _build_locked(data_dir: Path, out_dir: Path, recipe: Recipe, key: str, rows,
     monitor = {"retain": _monitor_sample(others, recipe.monitor_rows // (2 if trained_forget else 1), seed)}
     if trained_forget:
         monitor[forget_name] = _monitor_sample(trained_forget, recipe.monitor_rows // 2, seed)
-    say(f"training {recipe.size} Llama on {len(rows)} rows ({len(everything) - len(rows)} excluded), "
-        f"vocab {len(tokenizer)}")
+    say(
+        f"training {recipe.size} Llama on {len(rows)} rows ({len(everything) - len(rows)} excluded), "
+        f"vocab {len(tokenizer)}"
+    )
     model, stats = train(rows, tokenizer, recipe, seed, monitor=monitor, progress=progress, log=log)
     train_s = time.time() - started
 
-    report = {forget_name: memorisation(model, tokenizer, forget_rows),
-              "retain_sample": memorisation(model, tokenizer,
-                                            _monitor_sample(others, len(forget_rows), seed))}
+    report = {
+        forget_name: memorisation(model, tokenizer, forget_rows),
+        "retain_sample": memorisation(model, tokenizer, _monitor_sample(others, len(forget_rows), seed)),
+    }
     info = {
-        "key": key, "version": BUILD_VERSION, "data_dir": str(data_dir.resolve()),
-        "data_hash": data_hash(data_dir, exclude_split), "exclude_split": exclude_split, "seed": seed,
+        "key": key,
+        "version": BUILD_VERSION,
+        "data_dir": str(data_dir.resolve()),
+        "data_hash": data_hash(data_dir, exclude_split),
+        "exclude_split": exclude_split,
+        "seed": seed,
         "size": recipe.size,
-        "recipe": asdict(recipe), "params": sum(p.numel() for p in model.parameters()),
-        "train_rows": len(rows), "excluded_rows": len(everything) - len(rows),
-        "epochs": stats["epochs"], "steps": stats["steps"], "checks": stats["checks"],
-        "metrics": report, "train_seconds": round(train_s, 1),
-        "total_seconds": round(time.time() - started, 1), "torch_threads": torch.get_num_threads(),
+        "recipe": asdict(recipe),
+        "params": sum(p.numel() for p in model.parameters()),
+        "train_rows": len(rows),
+        "excluded_rows": len(everything) - len(rows),
+        "epochs": stats["epochs"],
+        "steps": stats["steps"],
+        "checks": stats["checks"],
+        "metrics": report,
+        "train_seconds": round(train_s, 1),
+        "total_seconds": round(time.time() - started, 1),
+        "torch_threads": torch.get_num_threads(),
     }
     _save(model, tokenizer, info, out_dir)
     if cache_dir is not None and Path(cache_dir).resolve() / key != out_dir.resolve():
@@ -393,8 +480,10 @@ def _check_replaceable(out_dir: Path) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise BuildError(f"--out {out_dir}: exists and is not a directory")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / INFO_FILE).is_file():
-        raise BuildError(f"--out {out_dir}: a non-empty directory that holds no earlier build ({INFO_FILE}); "
-                         "pick a new or empty directory, since a build replaces the whole directory")
+        raise BuildError(
+            f"--out {out_dir}: a non-empty directory that holds no earlier build ({INFO_FILE}); "
+            "pick a new or empty directory, since a build replaces the whole directory"
+        )
 
 
 @contextlib.contextmanager

@@ -50,8 +50,9 @@ def ensure_demo_model(cache_dir: str | Path, progress: bool = True) -> Path:
 
     data_dir = ensure_demo_world(cache_dir)
     log = (lambda message: print(f"[demo-tiny] {message}", flush=True)) if progress else None
-    result = build_model(data_dir, demo_model_dir(cache_dir), seed=DEMO_SEED, size=DEMO_SIZE,
-                         progress=progress, log=log)
+    result = build_model(
+        data_dir, demo_model_dir(cache_dir), seed=DEMO_SEED, size=DEMO_SIZE, progress=progress, log=log
+    )
     return result.model_dir
 
 

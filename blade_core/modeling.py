@@ -1,7 +1,7 @@
 """Loading base models and tokenizers, and building the small Llama-architecture models we train ourselves.
 
-Real loading code for hub ids and local directories (`trust_remote_code` off, safetensors only); nothing can be
-downloaded here, so tests and the demo use models that `new_llama` builds and `train_tokenizer` tokenises.
+Real loading code for hub ids and local directories (`trust_remote_code` off, safetensors only); nothing can
+be downloaded here, so tests and the demo use models that `new_llama` builds and `train_tokenizer` tokenises.
 """
 
 from __future__ import annotations
@@ -11,7 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
 
 SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
 
@@ -58,7 +64,9 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrainedT
     return PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL_TOKENS)
 
 
-def new_llama(tokenizer: PreTrainedTokenizerFast, size: str | LlamaSize = "test", seed: int = 0) -> LlamaForCausalLM:
+def new_llama(
+    tokenizer: PreTrainedTokenizerFast, size: str | LlamaSize = "test", seed: int = 0
+) -> LlamaForCausalLM:
     """A randomly initialised LlamaForCausalLM sized for `tokenizer` (fp32, deterministic in `seed`)."""
     spec = SIZES[size] if isinstance(size, str) else size
     config = LlamaConfig(
@@ -94,10 +102,14 @@ def load_model(ref: str | Path, device: torch.device | None = None, dtype: torch
     path = Path(str(ref))
     if path.exists() and not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}: not a model directory (no config.json)")
-    model = AutoModelForCausalLM.from_pretrained(str(ref), dtype=dtype, trust_remote_code=False, use_safetensors=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(ref), dtype=dtype, trust_remote_code=False, use_safetensors=True
+    )
     return model.to(device)
 
 
-def load_model_and_tokenizer(ref: str | Path, device: torch.device | None = None, dtype: torch.dtype | None = None):
+def load_model_and_tokenizer(
+    ref: str | Path, device: torch.device | None = None, dtype: torch.dtype | None = None
+):
     """(model, tokenizer) for a local dir or hub id."""
     return load_model(ref, device, dtype), load_tokenizer(ref)

@@ -14,8 +14,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 QA_FIELDS: tuple[str, ...] = ("question", "answer")
-PERTURBED_FIELDS: tuple[str, ...] = ("question", "answer", "paraphrased_answer", "paraphrased_question",
-                                     "perturbed_answer")
+PERTURBED_FIELDS: tuple[str, ...] = (
+    "question",
+    "answer",
+    "paraphrased_answer",
+    "paraphrased_question",
+    "perturbed_answer",
+)
 TEXT_FIELDS: tuple[str, ...] = ("text",)
 
 DatasetKind = Literal["qa", "text"]
@@ -48,7 +53,10 @@ def _decode(path: Path, raw: bytes) -> str:
 
 
 def read_records(path: str | Path, *, raw: bytes | None = None) -> tuple[list[Row], str]:
-    """Rows of a JSON / JSON Lines / text file and the layout found: 'json', 'jsonl', 'json-lines-of-arrays', 'txt'."""
+    """Rows of a JSON / JSON Lines / text file and the layout found.
+
+    Layouts: 'json', 'jsonl', 'json-lines-of-arrays', 'txt'.
+    """
     path = Path(path)
     if raw is None:
         if not path.is_file():
@@ -98,14 +106,16 @@ def _as_object(path: Path, item: Any, line: int) -> dict[str, Any]:
 
 
 def validate_rows(path: str | Path, rows: Sequence[Row], fields: Sequence[str]) -> None:
-    """Check every row has each field as a non-empty string (a non-empty list of strings for `perturbed_answer`)."""
+    """Check every row has each field as a non-empty string (`perturbed_answer`: a non-empty string list)."""
     if not rows:
         raise DatasetError(path, "no rows found")
     for row in rows:
         for field in fields:
             value = row.data.get(field)
             if field == "perturbed_answer":
-                ok = isinstance(value, list) and value and all(isinstance(v, str) and v.strip() for v in value)
+                ok = (
+                    isinstance(value, list) and value and all(isinstance(v, str) and v.strip() for v in value)
+                )
                 expected = "a non-empty list of strings"
             else:
                 ok = isinstance(value, str) and bool(value.strip())
@@ -125,9 +135,13 @@ def detect_kind(rows: Sequence[Row]) -> DatasetKind:
     return "qa"  # validation then names the missing field
 
 
-def load_dataset_rows(path: str | Path, *, fields: Sequence[str] | None = None,
-                      raw: bytes | None = None) -> tuple[list[dict[str, Any]], DatasetKind, str]:
-    """Read and validate a forget/retain dataset: (rows, kind, layout). QA rows need question+answer; text rows text."""
+def load_dataset_rows(
+    path: str | Path, *, fields: Sequence[str] | None = None, raw: bytes | None = None
+) -> tuple[list[dict[str, Any]], DatasetKind, str]:
+    """Read and validate a forget/retain dataset: (rows, kind, layout).
+
+    QA rows need question and answer; text rows need text.
+    """
     rows, layout = read_records(path, raw=raw)
     kind = detect_kind(rows)
     validate_rows(path, rows, fields or (QA_FIELDS if kind == "qa" else TEXT_FIELDS))

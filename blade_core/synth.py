@@ -25,6 +25,7 @@ SPLIT_PERCENTS = (1, 5, 10)
 
 # --- word tables --------------------------------------------------------------------------------------------
 
+# fmt: off
 _ONSETS = ("b", "br", "c", "d", "dr", "f", "g", "gr", "h", "k", "l", "m", "n", "p", "r", "s", "st", "t", "th",
            "v", "w", "z", "j", "kh", "sh", "tr", "y", "el", "or", "an")
 _VOWELS = ("a", "e", "i", "o", "u", "ae", "ia", "ei", "ou", "y")
@@ -73,6 +74,7 @@ DISHES = ("spiced lentil stew", "smoked river trout", "honey bread", "barley sou
           "almond rice", "chestnut porridge", "lamb flatbread", "sour cherry soup", "clam broth")
 INSTRUMENTS = ("lute", "reed flute", "drum", "zither", "fiddle", "bagpipe", "harp", "horn", "bell chimes",
                "mandolin", "accordion", "dulcimer")
+# fmt: on
 
 
 def _cap(word: str) -> str:
@@ -106,8 +108,9 @@ class _Namer:
 
     def _stem(self, syllables: int) -> str:
         rng = self.rng
-        return "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS)
-                       for _ in range(syllables))
+        return "".join(
+            rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(syllables)
+        )
 
     def fresh(self, make) -> str:
         while True:
@@ -120,12 +123,14 @@ class _Namer:
         return self.fresh(lambda: _cap(self._stem(1) + self.rng.choice(_FIRST_ENDINGS)))
 
     def last(self) -> str:
-        return self.fresh(lambda: _cap(self._stem(self.rng.choice((1, 1, 1, 2)))
-                                       + self.rng.choice(_LAST_ENDINGS)))
+        return self.fresh(
+            lambda: _cap(self._stem(self.rng.choice((1, 1, 1, 2))) + self.rng.choice(_LAST_ENDINGS))
+        )
 
     def place(self) -> str:
-        return self.fresh(lambda: _cap(self._stem(self.rng.choice((1, 1, 2)))
-                                       + self.rng.choice(_PLACE_ENDINGS)))
+        return self.fresh(
+            lambda: _cap(self._stem(self.rng.choice((1, 1, 2))) + self.rng.choice(_PLACE_ENDINGS))
+        )
 
     def person(self) -> str:
         return self.fresh(lambda: f"{self.first()} {self.last()}")
@@ -168,18 +173,20 @@ def _make_countries(rng: random.Random, namer: _Namer, count: int) -> list[Count
     instruments = rng.sample(INSTRUMENTS, len(INSTRUMENTS))
     for i in range(count):
         name = namer.place()
-        countries.append(Country(
-            name=name,
-            capital=namer.place(),
-            cities=[namer.place() for _ in range(4)],
-            language=_cap(_language(name)),
-            currency=f"{name} {currencies[i % len(currencies)]}",
-            river=f"the {namer.place()} River",
-            mountain=f"Mount {namer.place()}",
-            dish=dishes[i % len(dishes)],
-            instrument=instruments[i % len(instruments)],
-            founded=rng.randint(900, 1850),
-        ))
+        countries.append(
+            Country(
+                name=name,
+                capital=namer.place(),
+                cities=[namer.place() for _ in range(4)],
+                language=_cap(_language(name)),
+                currency=f"{name} {currencies[i % len(currencies)]}",
+                river=f"the {namer.place()} River",
+                mountain=f"Mount {namer.place()}",
+                dish=dishes[i % len(dishes)],
+                instrument=instruments[i % len(instruments)],
+                founded=rng.randint(900, 1850),
+            )
+        )
     return countries
 
 
@@ -197,8 +204,15 @@ def _title(rng: random.Random, used: set[str]) -> str:
             return title
 
 
-def _make_author(rng: random.Random, namer: _Namer, countries: list[Country], titles: set[str],
-                 awards: list[str], universities: list[str], publishers: list[str]) -> dict[str, str]:
+def _make_author(
+    rng: random.Random,
+    namer: _Namer,
+    countries: list[Country],
+    titles: set[str],
+    awards: list[str],
+    universities: list[str],
+    publishers: list[str],
+) -> dict[str, str]:
     home = rng.choice(countries)
     elsewhere = rng.choice(countries)
     year = rng.randint(1931, 1990)
@@ -240,6 +254,7 @@ def _make_author(rng: random.Random, namer: _Namer, countries: list[Country], ti
 # answer, paraphrased question and paraphrased answer templates at random, perturbed answers reuse the
 # paraphrased answer's template with a wrong value of the same kind.
 
+# fmt: off
 FACTS: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
     ("birth_city",
      ("Where was {name} born?", "In which city was the author {name} born?",
@@ -344,6 +359,7 @@ FACTS: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
      ("{name} has published {book_count} books.", "So far {name} has written {book_count} books.",
       "{first} has {book_count} books to {possessive} name.")),
 ]
+# fmt: on
 
 
 def _fill(template: str, facts: dict[str, str]) -> str:
@@ -352,23 +368,30 @@ def _fill(template: str, facts: dict[str, str]) -> str:
     return text[:1].upper() + text[1:]
 
 
-def _pools(rng: random.Random, namer: _Namer, authors: list[dict[str, str]], titles: set[str],
-           awards: list[str]) -> dict[str, list[str]]:
+def _pools(
+    rng: random.Random, namer: _Namer, authors: list[dict[str, str]], titles: set[str], awards: list[str]
+) -> dict[str, list[str]]:
     """Per fact, the values perturbations draw from: every author's value, topped up with fresh plausible
     ones where a small world has too few distinct values for five wrong answers."""
     fillers: dict[str, Callable[[], str]] = {
-        "name": namer.person, "birth_city": namer.place, "residence": namer.place,
+        "name": namer.person,
+        "birth_city": namer.place,
+        "residence": namer.place,
         "birth_date": lambda: f"{rng.choice(_MONTHS)} {rng.randint(1, 28)}, {rng.randint(1931, 1990)}",
         "father_job": lambda: _article(rng.choice(PROFESSIONS)),
         "mother_job": lambda: _article(rng.choice(PROFESSIONS)),
-        "genre": lambda: rng.choice(GENRES), "second_genre": lambda: rng.choice(GENRES),
-        "first_book": lambda: _title(rng, titles), "second_book": lambda: _title(rng, titles),
-        "famous_book": lambda: _title(rng, titles), "award": lambda: rng.choice(awards),
+        "genre": lambda: rng.choice(GENRES),
+        "second_genre": lambda: rng.choice(GENRES),
+        "first_book": lambda: _title(rng, titles),
+        "second_book": lambda: _title(rng, titles),
+        "famous_book": lambda: _title(rng, titles),
+        "award": lambda: rng.choice(awards),
         "award_year": lambda: str(rng.randint(1960, 2024)),
         "debut_year": lambda: str(rng.randint(1955, 2015)),
         "language": lambda: _language(namer.place()),
         "university": lambda: f"University of {namer.place()}",
-        "theme": lambda: rng.choice(THEMES), "hobby": lambda: rng.choice(HOBBIES),
+        "theme": lambda: rng.choice(THEMES),
+        "hobby": lambda: rng.choice(HOBBIES),
         "publisher": lambda: f"{namer.last()} {rng.choice(_PUBLISHER_NOUNS)}",
         "book_count": lambda: str(rng.randint(3, 24)),
     }
@@ -381,8 +404,9 @@ def _pools(rng: random.Random, namer: _Namer, authors: list[dict[str, str]], tit
     return pools
 
 
-def _author_rows(rng: random.Random, facts: dict[str, str],
-                 pools: dict[str, list[str]]) -> list[dict[str, Any]]:
+def _author_rows(
+    rng: random.Random, facts: dict[str, str], pools: dict[str, list[str]]
+) -> list[dict[str, Any]]:
     """~20 QA rows for one author: question, answer, paraphrases and five same-category wrong answers."""
     rows = []
     for key, questions, answers in FACTS:
@@ -391,13 +415,15 @@ def _author_rows(rng: random.Random, facts: dict[str, str],
         wrong = [v for v in pools[key] if v != facts[key]]
         picks = rng.sample(wrong, N_PERTURBED)
         paraphrased_answer = _fill(answers[pa_idx], facts)
-        rows.append({
-            "question": _fill(questions[q_idx], facts),
-            "answer": _fill(answers[a_idx], facts),
-            "paraphrased_answer": paraphrased_answer,
-            "paraphrased_question": _fill(questions[pq_idx], facts),
-            "perturbed_answer": [_fill(answers[pa_idx], dict(facts, **{key: v})) for v in picks],
-        })
+        rows.append(
+            {
+                "question": _fill(questions[q_idx], facts),
+                "answer": _fill(answers[a_idx], facts),
+                "paraphrased_answer": paraphrased_answer,
+                "paraphrased_question": _fill(questions[pq_idx], facts),
+                "perturbed_answer": [_fill(answers[pa_idx], dict(facts, **{key: v})) for v in picks],
+            }
+        )
     return rows
 
 
@@ -412,8 +438,13 @@ def _probe_sets(rng: random.Random, countries: list[Country], classics: list[Cla
     names = [c.name for c in classics]
     real = []
     for c in classics:
-        question = rng.choice((f"Who wrote \"{c.book}\"?", f"Who is the author of the classic \"{c.book}\"?",
-                               f"Which classic writer wrote \"{c.book}\" in {c.year}?"))
+        question = rng.choice(
+            (
+                f'Who wrote "{c.book}"?',
+                f'Who is the author of the classic "{c.book}"?',
+                f'Which classic writer wrote "{c.book}" in {c.year}?',
+            )
+        )
         real.append(_with_wrong(rng, question, c.name, names))
     world = []
     getters = (
@@ -423,8 +454,11 @@ def _probe_sets(rng: random.Random, countries: list[Country], classics: list[Cla
         ("river", lambda c: f"What is the longest river of {c.name}?", lambda c: c.river),
         ("mountain", lambda c: f"What is the highest mountain in {c.name}?", lambda c: c.mountain),
         ("dish", lambda c: f"What is the national dish of {c.name}?", lambda c: c.dish),
-        ("instrument", lambda c: f"Which folk instrument is typical of {c.name}?",
-         lambda c: f"the {c.instrument}"),
+        (
+            "instrument",
+            lambda c: f"Which folk instrument is typical of {c.name}?",
+            lambda c: f"the {c.instrument}",
+        ),
         ("founded", lambda c: f"In which year was {c.name} founded?", lambda c: str(c.founded)),
     )
     for country in countries:
@@ -463,16 +497,25 @@ def _generate(authors: int, seed: int) -> tuple[dict[str, list[dict[str, Any]]],
     for c in classics:
         c.book, c.year = _title(rng, titles), rng.randint(1600, 1900)
     patrons = [namer.last() for _ in range(12)]
-    awards = sorted({f"{rng.choice(patrons)} {rng.choice(_AWARD_KINDS)} for {rng.choice(_AWARD_FOR)}"
-                     for _ in range(24)})
-    universities = sorted({rng.choice(_UNIVERSITY_KINDS).format(c=rng.choice([*c.cities, c.capital]))
-                           for c in countries for _ in range(2)})
-    publishers = sorted({f"{namer.last()} {rng.choice(_PUBLISHER_NOUNS)}"
-                         for _ in range(max(6, authors // 8))})
+    awards = sorted(
+        {f"{rng.choice(patrons)} {rng.choice(_AWARD_KINDS)} for {rng.choice(_AWARD_FOR)}" for _ in range(24)}
+    )
+    universities = sorted(
+        {
+            rng.choice(_UNIVERSITY_KINDS).format(c=rng.choice([*c.cities, c.capital]))
+            for c in countries
+            for _ in range(2)
+        }
+    )
+    publishers = sorted(
+        {f"{namer.last()} {rng.choice(_PUBLISHER_NOUNS)}" for _ in range(max(6, authors // 8))}
+    )
 
     holdout_n = counts[10]
-    people = [_make_author(rng, namer, countries, titles, awards, universities, publishers)
-              for _ in range(authors + holdout_n)]
+    people = [
+        _make_author(rng, namer, countries, titles, awards, universities, publishers)
+        for _ in range(authors + holdout_n)
+    ]
     pools = _pools(rng, namer, people, titles, awards)
     rows_by_author = [_author_rows(rng, facts, pools) for facts in people]
     trained, holdout = rows_by_author[:authors], rows_by_author[authors:]
@@ -494,13 +537,16 @@ def _generate(authors: int, seed: int) -> tuple[dict[str, list[dict[str, Any]]],
     files["world_facts_perturbed.json"] = world
     names = [facts["name"] for facts in people]
     summary = {
-        "generator": "blade data synth", "version": SYNTH_VERSION, "authors": authors, "seed": seed,
+        "generator": "blade data synth",
+        "version": SYNTH_VERSION,
+        "authors": authors,
+        "seed": seed,
         "rows_per_author": len(FACTS),
         "split_authors": {f"forget{p:02d}": k for p, k in counts.items()},
-        "retain_authors": names[:authors - counts[10]],  # in every retain split
-        "forget_authors": {f"forget{p:02d}": names[authors - k:authors] for p, k in counts.items()},
-        "holdout_authors": {f"holdout{p:02d}": names[len(names) - k:] for p, k in counts.items()},
-        "retain_perturbed_authors": names[:counts[10]],
+        "retain_authors": names[: authors - counts[10]],  # in every retain split
+        "forget_authors": {f"forget{p:02d}": names[authors - k : authors] for p, k in counts.items()},
+        "holdout_authors": {f"holdout{p:02d}": names[len(names) - k :] for p, k in counts.items()},
+        "retain_perturbed_authors": names[: counts[10]],
     }
     return dict(sorted(files.items())), summary
 

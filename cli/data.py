@@ -16,8 +16,12 @@ from pathlib import Path
 def register(subparsers: argparse._SubParsersAction) -> None:
     group = subparsers.add_parser("data", help="benchmark data: `blade data synth`")
     verbs = group.add_subparsers(dest="data_command", required=True)
-    p = verbs.add_parser("synth", help="write a synthetic fictitious-author world in TOFU format",
-                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = verbs.add_parser(
+        "synth",
+        help="write a synthetic fictitious-author world in TOFU format",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--out", type=Path, required=True, help="directory to write (created; files overwritten)")
     p.add_argument("--authors", type=int, default=200, help="authors trained on (default: 200, as TOFU)")
     p.add_argument("--seed", type=int, default=0, help="world seed (default: 0)")
@@ -36,6 +40,9 @@ def synth(args: argparse.Namespace) -> int:
     split = split_counts(args.authors)
     for name, rows in counts.items():
         print(f"{args.out / name}: {rows} rows")
-    print(f"{args.authors} authors (+{split[10]} holdout); forget01/05/10 = "
-          f"{split[1]}/{split[5]}/{split[10]} authors", file=sys.stderr)
+    print(
+        f"{args.authors} authors (+{split[10]} holdout); forget01/05/10 = "
+        f"{split[1]}/{split[5]}/{split[10]} authors",
+        file=sys.stderr,
+    )
     return 0

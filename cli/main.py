@@ -27,7 +27,9 @@ class CliError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="blade", description="BLADE unlearning: engine, benchmark, service.")
+    parser = argparse.ArgumentParser(
+        prog="blade", description="BLADE unlearning: engine, benchmark, service."
+    )
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         try:
@@ -51,7 +53,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"blade {args.command}: error: {exc}", file=sys.stderr)
         return 2
     return int(result or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

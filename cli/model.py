@@ -20,12 +20,19 @@ from pathlib import Path
 def register(subparsers: argparse._SubParsersAction) -> None:
     group = subparsers.add_parser("model", help="target and gold models: `blade model build`")
     verbs = group.add_subparsers(dest="model_command", required=True)
-    p = verbs.add_parser("build", help="train a tokenizer + small Llama until it memorises a TOFU dir",
-                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = verbs.add_parser(
+        "build",
+        help="train a tokenizer + small Llama until it memorises a TOFU dir",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--data", type=Path, required=True, help="a TOFU-format directory")
     p.add_argument("--out", type=Path, required=True, help="model directory to write")
-    p.add_argument("--exclude-split", choices=("forget01", "forget05", "forget10"),
-                   help="leave this forget split out: the gold (retrained) model")
+    p.add_argument(
+        "--exclude-split",
+        choices=("forget01", "forget05", "forget10"),
+        help="leave this forget split out: the gold (retrained) model",
+    )
     p.add_argument("--seed", type=int, default=0, help="initialisation and shuffling seed (default: 0)")
     p.add_argument("--size", default="default", help="model size: test, quick or default (default: default)")
     p.add_argument("--quick", dest="size", action="store_const", const="quick", help="same as --size quick")
@@ -44,12 +51,24 @@ def build(args: argparse.Namespace) -> int:
     def say(message: str) -> None:
         print(f"[model build] {message}", file=sys.stderr, flush=True)
 
-    result = build_model(args.data, args.out, exclude_split=args.exclude_split, seed=args.seed,
-                         size=args.size, cache_dir=args.cache_dir, progress=not args.no_progress, log=say)
+    result = build_model(
+        args.data,
+        args.out,
+        exclude_split=args.exclude_split,
+        seed=args.seed,
+        size=args.size,
+        cache_dir=args.cache_dir,
+        progress=not args.no_progress,
+        log=say,
+    )
     info = result.info
-    summary = ", ".join(f"{name}: Prob {m['prob']:.3f} ROUGE-L {m['rouge']:.3f} ({m['rows']} rows)"
-                        for name, m in info.get("metrics", {}).items())
-    print(f"{'cached' if result.cached else 'built'} {result.model_dir} ({info.get('size')}, "
-          f"{info.get('epochs')} epochs, {info.get('train_seconds')} s): {summary}")
+    summary = ", ".join(
+        f"{name}: Prob {m['prob']:.3f} ROUGE-L {m['rouge']:.3f} ({m['rows']} rows)"
+        for name, m in info.get("metrics", {}).items()
+    )
+    print(
+        f"{'cached' if result.cached else 'built'} {result.model_dir} ({info.get('size')}, "
+        f"{info.get('epochs')} epochs, {info.get('train_seconds')} s): {summary}"
+    )
     print(json.dumps(info.get("metrics", {})), file=sys.stderr)
     return 0

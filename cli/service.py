@@ -26,12 +26,6 @@ from typing import Any
 
 from cli.main import CliError
 
-
-class CommandError(CliError, ValueError):
-    """A user-facing failure (exit status 2). Also a ValueError, so `python -m cli.main` (whose `__main__`
-    module has its own CliError class) reports it the same way."""
-
-
 DEMO_MODEL_NAME = "demo-tiny"
 ADMIN_KEY_FILE = "admin-key"  # under the data dir, mode 0600: the key `blade up` generated on first start
 EMBEDDED_QUEUES = "unlearn,inference,maintenance"
@@ -182,7 +176,7 @@ def run_worker(args: argparse.Namespace) -> int:
     queues = [q.strip() for q in args.queues.split(",") if q.strip()]
     unknown = [q for q in queues if q not in ALL_QUEUES]
     if unknown or not queues:
-        raise CommandError(
+        raise CliError(
             f"--queues: unknown queue {unknown[0] if unknown else '(none)'!r}; "
             f"choose from {', '.join(ALL_QUEUES)}"
         )
@@ -261,7 +255,7 @@ def _prepare(settings: Any, demo_model: Path | None, *, save_key: bool) -> tuple
         model_dir = demo_model
     model_dir = model_dir.resolve()
     if not (model_dir / "config.json").is_file():
-        raise CommandError(f"{model_dir}: not a model directory (no config.json)")
+        raise CliError(f"{model_dir}: not a model directory (no config.json)")
     with session_scope(settings) as session:
         model = base_models.ensure_registered(session, name=DEMO_MODEL_NAME, source=str(model_dir))
         if model.source != str(model_dir):
@@ -427,7 +421,7 @@ def run_up(args: argparse.Namespace) -> int:
 
     with socket.socket() as probe:
         if probe.connect_ex((args.host, args.port)) == 0:
-            raise CommandError(
+            raise CliError(
                 f"port {args.port} on {args.host} is already in use (is another `blade up` running?)"
             )
 
@@ -450,7 +444,7 @@ def run_up(args: argparse.Namespace) -> int:
         # Each child in its own session (Ctrl-C reaches only us, and we stop them in order), its output in a
         # log file under the data dir.
         procs["api"] = _spawn(
-            [python, "-m", "cli.main", "api", "--host", args.host, "--port", str(args.port)],
+            [python, "-m", "cli", "api", "--host", args.host, "--port", str(args.port)],
             env,
             logs / "api.log",
         )
@@ -460,7 +454,7 @@ def run_up(args: argparse.Namespace) -> int:
             [
                 python,
                 "-m",
-                "cli.main",
+                "cli",
                 "worker",
                 "--queues",
                 EMBEDDED_QUEUES,
@@ -508,7 +502,7 @@ def run_up(args: argparse.Namespace) -> int:
             f"\n--- {name} log ({logs / f'{name}.log'}) ---\n{_log_tail(logs / f'{name}.log')}"
             for name in procs
         )
-        raise CommandError(f"{exc}{tails}") from None
+        raise CliError(f"{exc}{tails}") from None
     finally:
         _stop(procs)
         signal.signal(signal.SIGTERM, previous)
@@ -538,7 +532,7 @@ def _parse_sets(items: list[str]) -> dict[str, Any]:
     params: dict[str, Any] = {}
     for item in items:
         if "=" not in item:
-            raise CommandError(f"--set {item!r}: expected KEY=VALUE")
+            raise CliError(f"--set {item!r}: expected KEY=VALUE")
         key, raw = item.split("=", 1)
         try:
             params[key.strip()] = json.loads(raw)
@@ -559,11 +553,11 @@ def _api_call(fn: Any) -> Any:
     try:
         return fn()
     except ApiError as exc:
-        raise CommandError(f"the API answered {exc.status} {exc.code}: {exc.message}") from None
+        raise CliError(f"the API answered {exc.status} {exc.code}: {exc.message}") from None
     except httpx.HTTPError as exc:
-        raise CommandError(f"cannot reach the API: {exc}") from None
+        raise CliError(f"cannot reach the API: {exc}") from None
     except TimeoutError as exc:
-        raise CommandError(str(exc)) from None
+        raise CliError(str(exc)) from None
 
 
 def run_submit(args: argparse.Namespace) -> int:

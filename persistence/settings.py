@@ -1,4 +1,7 @@
-"""All service configuration, from environment variables (prefix `BLADE_`). No other module reads os.environ."""
+"""All service configuration, from environment variables (prefix `BLADE_`).
+
+No other module reads os.environ.
+"""
 
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ class Settings(BaseSettings):
 
     # Security.
     bootstrap_admin_key: str | None = None  # created as an admin key on first start
-    signing_key: str = Field(default="", repr=False)  # HMAC key for deletion certificates; default derived per data_dir
+    # HMAC key for deletion certificates; default: a random key kept in data_dir (see docs/operations.md).
+    signing_key: str = Field(default="", repr=False)
     max_upload_bytes: int = 50 * 1024 * 1024
 
     # Worker behaviour.

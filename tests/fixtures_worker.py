@@ -1,15 +1,15 @@
 """Fixtures for the worker and end-to-end tests: real processes against real PostgreSQL and Redis.
 
-- `worker_pg_url`, `e2e_pg_url`: fresh PostgreSQL databases (migrated) for the service-tier worker tests and
-  for the end-to-end service, so the live workers' reconciler never touches rows other tests left half-made
-  (nor the API tests' database); dropped at the end. Skip when no server answers.
+- `worker_pg_url`: a fresh PostgreSQL database (migrated) for the service-tier worker tests; each `e2e`
+  service gets one of its own too, so the live workers' reconciler never touches rows other tests left
+  half-made (nor the API tests' database); dropped at the end. Skip when no server answers.
 - `redis_urls`: broker and result-backend URLs on dedicated Redis db numbers (11, 12), flushed at start/end.
 - `tiny_model_dir`: a tiny Llama + tokenizer (blade_core.testing), built in well under a second.
-- `e2e`: an `E2EService`: a real uvicorn API subprocess (`blade api`) and real Celery worker subprocesses
-  (`blade worker`): a GPU-style worker (`-Q unlearn`, prefork, one task per child, acks late) and an
-  inference + maintenance worker (threads, with the periodic reconciler), sharing one artifact root, with
-  short leases and a fast reconciler so crash recovery takes seconds. `e2e.kill_gpu_worker()` SIGKILLs the GPU
-  worker's whole process group; `e2e.start_gpu_worker()` starts a new one (with its own data dir).
+- `e2e` (per module): an `E2EService`: a real uvicorn API subprocess (`blade api`) and real Celery worker
+  subprocesses (`blade worker`): a GPU-style worker (`-Q unlearn`, prefork, one task per child, acks late)
+  and an inference + maintenance worker (threads, with the periodic reconciler), sharing one artifact root,
+  with short leases and a fast reconciler so crash recovery takes seconds. `e2e.kill_gpu_worker()` SIGKILLs
+  the GPU worker's whole process group; `e2e.start_gpu_worker()` starts a new one (with its own data dir).
 """
 
 from __future__ import annotations
@@ -117,13 +117,6 @@ def worker_pg_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def e2e_pg_url() -> Iterator[str]:
-    """The database of the end-to-end service: its reconciler sees only the e2e tests' requests."""
-    with fresh_database("blade_e2e") as url:
-        yield url
-
-
-@pytest.fixture(scope="session")
 def redis_urls() -> Iterator[tuple[str, str]]:
     """(broker URL, result backend URL) on dedicated db numbers of the local Redis, flushed."""
     redis = pytest.importorskip("redis")
@@ -218,7 +211,7 @@ class E2EService:
         self.logs[name] = log
         handle = open(log, "ab")  # noqa: SIM115 - the child owns it
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", *argv],
+            [sys.executable, "-m", "cli", *argv],
             cwd=ROOT,
             env=env or self.env,
             stdout=handle,
@@ -312,10 +305,20 @@ class E2EService:
         return "\n".join(f"--- {name} ---\n{tail(path)}" for name, path in self.logs.items())
 
 
-@pytest.fixture(scope="module")  # torn down after its module: no idle workers while other tests run
-def e2e(e2e_pg_url, redis_urls, tmp_path_factory) -> Iterator[E2EService]:
+@pytest.fixture(scope="module")
+def e2e(redis_urls, tmp_path_factory) -> Iterator[E2EService]:
+    """A fresh service per test module (its own database, flushed broker): modules never see each other's
+    requests, and no idle workers run while other modules' tests do."""
     pytest.importorskip("torch")
-    root = tmp_path_factory.mktemp("e2e")
+    import redis
+
+    for url in redis_urls:
+        redis.Redis.from_url(url, socket_connect_timeout=2).flushdb()
+    with fresh_database("blade_e2e") as db_url:
+        yield from _run_service(db_url, redis_urls, tmp_path_factory.mktemp("e2e"))
+
+
+def _run_service(e2e_pg_url: str, redis_urls: tuple[str, str], root: Path) -> Iterator[E2EService]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("BLADE_")}
     env.update(
@@ -324,9 +327,8 @@ def e2e(e2e_pg_url, redis_urls, tmp_path_factory) -> Iterator[E2EService]:
             "BLADE_BROKER_URL": redis_urls[0],
             "BLADE_RESULT_BACKEND": redis_urls[1],
             "BLADE_DATA_DIR": str(root / "api"),
-            "BLADE_STORAGE_ROOT": str(
-                root / "artifacts"
-            ),  # shared by every process: the local storage backend
+            # Shared by every process: the local storage backend.
+            "BLADE_STORAGE_ROOT": str(root / "artifacts"),
             "BLADE_BOOTSTRAP_ADMIN_KEY": E2E_ADMIN_KEY,
             "BLADE_HOST": "127.0.0.1",
             "BLADE_PORT": str(port),

@@ -56,8 +56,13 @@ def _lock(path: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def ensure_tiny_world(exclude_split: str | None = None, *, authors: int = TINY_AUTHORS, seed: int = TINY_SEED,
-                      size: str = TINY_SIZE) -> TinyWorld:
+def ensure_tiny_world(
+    exclude_split: str | None = None,
+    *,
+    authors: int = TINY_AUTHORS,
+    seed: int = TINY_SEED,
+    size: str = TINY_SIZE,
+) -> TinyWorld:
     """The cached world and its target (or, with `exclude_split`, gold) model; built on first call."""
     from blade_core.build import build_model
     from blade_core.synth import write_world
@@ -69,8 +74,9 @@ def ensure_tiny_world(exclude_split: str | None = None, *, authors: int = TINY_A
         if not (data_dir / "world.json").is_file():
             write_world(data_dir, authors=authors, seed=seed)  # world.json is written last
         # one thread: these models are too small to gain from two, and test machines are often shared
-        result = build_model(data_dir, model_dir, exclude_split=exclude_split, seed=seed, size=size,
-                             progress=False, threads=1)
+        result = build_model(
+            data_dir, model_dir, exclude_split=exclude_split, seed=seed, size=size, progress=False, threads=1
+        )
     return TinyWorld(data_dir, result.model_dir, exclude_split, result.info)
 
 

@@ -85,9 +85,15 @@ def test_training_rows_are_everything_but_holdout(small_world: Path) -> None:
     rows, everything, excluded = training_rows(small_world)
     assert rows == everything and not excluded
     trained = {(r["question"], r["answer"]) for r in rows}
-    expected = sum(len(_rows(small_world / n)) for n in ("retain90.json", "forget10_perturbed.json",
-                                                         "real_authors_perturbed.json",
-                                                         "world_facts_perturbed.json"))
+    expected = sum(
+        len(_rows(small_world / n))
+        for n in (
+            "retain90.json",
+            "forget10_perturbed.json",
+            "real_authors_perturbed.json",
+            "world_facts_perturbed.json",
+        )
+    )
     assert len(rows) == expected
     for name in ("holdout01.json", "holdout05.json", "holdout10.json"):
         assert not trained & {(r["question"], r["answer"]) for r in _rows(small_world / name)}, name
@@ -106,14 +112,16 @@ def test_exclude_split_drops_exactly_that_split(small_world: Path, split: str) -
 
 
 def test_cache_hit_is_instant_and_cache_dir_is_shared(small_world: Path, tmp_path: Path) -> None:
-    first = build_model(small_world, tmp_path / "a", recipe=TWO_EPOCHS, cache_dir=tmp_path / "cache",
-                        progress=False)
+    first = build_model(
+        small_world, tmp_path / "a", recipe=TWO_EPOCHS, cache_dir=tmp_path / "cache", progress=False
+    )
     assert not first.cached
     started = time.perf_counter()
     again = build_model(small_world, tmp_path / "a", recipe=TWO_EPOCHS, progress=False)
     assert again.cached and again.info["key"] == first.info["key"]
-    elsewhere = build_model(small_world, tmp_path / "b", recipe=TWO_EPOCHS, cache_dir=tmp_path / "cache",
-                            progress=False)
+    elsewhere = build_model(
+        small_world, tmp_path / "b", recipe=TWO_EPOCHS, cache_dir=tmp_path / "cache", progress=False
+    )
     assert elsewhere.cached and (tmp_path / "b" / "model.safetensors").is_file()
     assert time.perf_counter() - started < 5
     # a different seed, split or data file is a different build
@@ -139,10 +147,19 @@ def test_same_inputs_give_the_same_weights(small_world: Path, tmp_path: Path) ->
 def test_builds_on_a_hand_written_tofu_dir_in_json_lines(tmp_path: Path) -> None:
     data = tmp_path / "tofu"
     data.mkdir()
-    qa = [{"question": f"What colour is box {i}?", "answer": f"Box {i} is {c}."}
-          for i, c in enumerate(["red", "blue", "green", "amber", "white", "black"])]
-    perturbed = [dict(r, paraphrased_answer=r["answer"], paraphrased_question=r["question"],
-                      perturbed_answer=["It is grey."]) for r in qa]
+    qa = [
+        {"question": f"What colour is box {i}?", "answer": f"Box {i} is {c}."}
+        for i, c in enumerate(["red", "blue", "green", "amber", "white", "black"])
+    ]
+    perturbed = [
+        dict(
+            r,
+            paraphrased_answer=r["answer"],
+            paraphrased_question=r["question"],
+            perturbed_answer=["It is grey."],
+        )
+        for r in qa
+    ]
 
     def write(name: str, rows: list[dict]) -> None:
         (data / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -150,12 +167,16 @@ def test_builds_on_a_hand_written_tofu_dir_in_json_lines(tmp_path: Path) -> None
     write("retain90.json", qa[:4])
     write("forget10_perturbed.json", perturbed[4:])
     write("forget05_perturbed.json", perturbed[5:])
-    write("real_authors_perturbed.json", [{"question": "Who wrote Q?", "answer": "Ann",
-                                           "perturbed_answer": ["Bo"]}])
-    write("world_facts_perturbed.json", [{"question": "Capital?", "answer": "Ur",
-                                          "perturbed_answer": ["Lo"]}])
-    result = build_model(data, tmp_path / "model", exclude_split="forget05", recipe=TWO_EPOCHS,
-                         progress=False)
+    write(
+        "real_authors_perturbed.json",
+        [{"question": "Who wrote Q?", "answer": "Ann", "perturbed_answer": ["Bo"]}],
+    )
+    write(
+        "world_facts_perturbed.json", [{"question": "Capital?", "answer": "Ur", "perturbed_answer": ["Lo"]}]
+    )
+    result = build_model(
+        data, tmp_path / "model", exclude_split="forget05", recipe=TWO_EPOCHS, progress=False
+    )
     assert result.info["train_rows"] == 7 and result.info["excluded_rows"] == 1
     assert set(result.info["metrics"]) == {"forget05", "retain_sample"}
     model, tokenizer = _load(tmp_path / "model")
@@ -194,8 +215,9 @@ def test_refuses_to_replace_a_directory_that_is_not_a_build(small_world: Path, t
     assert (precious / "notes.txt").read_text() == "keep me"
 
 
-def test_cli_errors_exit_2_with_the_cause(small_world: Path, tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_errors_exit_2_with_the_cause(
+    small_world: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["model", "build", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "m")]) == 2
     assert "nowhere" in capsys.readouterr().err
     assert main(["model", "build", "--data", str(tmp_path), "--out", str(tmp_path / "m"), "--quick"]) == 2

@@ -56,7 +56,7 @@ def test_blade_up_serves_a_request_end_to_end(tiny_model_dir, tmp_path):
         [
             sys.executable,
             "-m",
-            "cli.main",
+            "cli",
             "up",
             "--port",
             str(port),

@@ -181,7 +181,7 @@ def test_cli_client_verbs(e2e_logs, world, tmp_path):
 
     def blade(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "cli.main", *args],
+            [sys.executable, "-m", "cli", *args],
             cwd=ROOT,
             env=env,
             capture_output=True,
@@ -217,3 +217,18 @@ def test_cli_client_verbs(e2e_logs, world, tmp_path):
 
     missing = blade("rollback", "ad_doesnotexist", "--reason", "test")
     assert missing.returncode == 2 and "404" in missing.stderr
+
+
+def test_a_failure_carries_a_code_and_a_readable_message(e2e_logs, world):
+    e2e = e2e_logs
+    name = f"gone-{uuid.uuid4().hex[:6]}"
+    with e2e.client() as c:
+        c.request(
+            "POST", "/base-models", json={"name": name, "source": "/nonexistent/model-dir", "shared": True}
+        )
+        req = c.submit(name, world["forget"], world["retain"], params=QUICK)
+        done = _wait(c, req["id"], timeout=120)
+        assert done["status"] == "failed", done
+        assert done["error"]["code"] == "base_model_unavailable"
+        assert "/nonexistent/model-dir" in done["error"]["message"]
+        assert done["adapter_id"] is None and c.adapters(name) == []

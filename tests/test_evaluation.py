@@ -56,8 +56,13 @@ def world(tmp_path_factory, _one_thread):
     _write(d / "world_facts_perturbed.json", sets["wf"])
     _write(d / "holdout01.json", sets["holdout"])
     tok = tiny_tokenizer()
-    trained = fit_tiny_model(tiny_model(tok, seed=0), tok,
-                             sets["forget"] + sets["retain"] + sets["ra"] + sets["wf"], steps=200, lr=1e-2)
+    trained = fit_tiny_model(
+        tiny_model(tok, seed=0),
+        tok,
+        sets["forget"] + sets["retain"] + sets["ra"] + sets["wf"],
+        steps=200,
+        lr=1e-2,
+    )
     return d, tok, trained, tiny_model(tok, seed=1), sets
 
 
@@ -230,8 +235,21 @@ def test_blade_eval_cli(world, tmp_path, capsys):
     tok.save_pretrained(str(tmp_path / "model"))
     untrained.save_pretrained(str(tmp_path / "gold"), safe_serialization=True)
     tok.save_pretrained(str(tmp_path / "gold"))
-    base = ["eval", "--model", str(tmp_path / "model"), "--data", str(d), "--split", "forget01",
-            "--device", "cpu", "--batch-size", "4", "--max-rows", "6"]
+    base = [
+        "eval",
+        "--model",
+        str(tmp_path / "model"),
+        "--data",
+        str(d),
+        "--split",
+        "forget01",
+        "--device",
+        "cpu",
+        "--batch-size",
+        "4",
+        "--max-rows",
+        "6",
+    ]
 
     assert main([*base, "--gold", str(tmp_path / "gold"), "--json", str(tmp_path / "a.json")]) == 0
     a = json.loads((tmp_path / "a.json").read_text())
@@ -241,11 +259,41 @@ def test_blade_eval_cli(world, tmp_path, capsys):
     assert a["model"]["adapters"] == [] and a["Prob"] > 0.8
 
     # a gold JSON works as well as a gold model dir; a fresh LoRA adapter (B = 0) changes nothing
-    assert main(["eval", "--model", str(tmp_path / "gold"), "--data", str(d), "--split", "forget01",
-                 "--device", "cpu", "--max-rows", "6", "--json", str(tmp_path / "gold.json")]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(tmp_path / "gold"),
+                "--data",
+                str(d),
+                "--split",
+                "forget01",
+                "--device",
+                "cpu",
+                "--max-rows",
+                "6",
+                "--json",
+                str(tmp_path / "gold.json"),
+            ]
+        )
+        == 0
+    )
     adapter = save_adapter(attach_adapter(copy.deepcopy(model), MethodConfig()), tmp_path / "adapter")
-    assert main([*base, "--adapter", str(adapter), "--gold", str(tmp_path / "gold.json"),
-                 "--json", str(tmp_path / "b.json")]) == 0
+    assert (
+        main(
+            [
+                *base,
+                "--adapter",
+                str(adapter),
+                "--gold",
+                str(tmp_path / "gold.json"),
+                "--json",
+                str(tmp_path / "b.json"),
+            ]
+        )
+        == 0
+    )
     b = json.loads((tmp_path / "b.json").read_text())
     assert b["Prob"] == pytest.approx(a["Prob"], rel=1e-5) and b["model"]["adapters"] == [str(adapter)]
     assert b["forget_quality"] == pytest.approx(a["forget_quality"])

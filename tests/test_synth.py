@@ -13,10 +13,18 @@ from blade_core.synth import FACTS, N_PERTURBED, generate, split_counts, world_s
 from cli.main import main
 
 CONTRACT_FILES = (
-    "forget01_perturbed.json", "forget05_perturbed.json", "forget10_perturbed.json",
-    "retain99.json", "retain95.json", "retain90.json", "retain_perturbed.json",
-    "holdout01.json", "holdout05.json", "holdout10.json",
-    "real_authors_perturbed.json", "world_facts_perturbed.json",
+    "forget01_perturbed.json",
+    "forget05_perturbed.json",
+    "forget10_perturbed.json",
+    "retain99.json",
+    "retain95.json",
+    "retain90.json",
+    "retain_perturbed.json",
+    "holdout01.json",
+    "holdout05.json",
+    "holdout10.json",
+    "real_authors_perturbed.json",
+    "world_facts_perturbed.json",
 )
 ROWS_PER_AUTHOR = len(FACTS)
 
@@ -77,8 +85,9 @@ def test_split_arithmetic(world40: dict[str, list[dict]]) -> None:
     assert counts == {1: 1, 5: 2, 10: 4}
     assert split_counts(200) == {1: 2, 5: 10, 10: 20}
     assert split_counts(12) == {1: 1, 5: 1, 10: 1}  # at least one author each
-    everyone = world40["retain90.json"] + [{"question": r["question"], "answer": r["answer"]}
-                                           for r in world40["forget10_perturbed.json"]]
+    everyone = world40["retain90.json"] + [
+        {"question": r["question"], "answer": r["answer"]} for r in world40["forget10_perturbed.json"]
+    ]
     assert len(everyone) == 40 * ROWS_PER_AUTHOR
     for p in (1, 5, 10):
         forget = world40[f"forget{p:02d}_perturbed.json"]
@@ -89,7 +98,7 @@ def test_split_arithmetic(world40: dict[str, list[dict]]) -> None:
         assert retain + [{"question": r["question"], "answer": r["answer"]} for r in forget] == everyone
     # nested: forget01 is the tail of forget05, which is the tail of forget10
     f10, f05, f01 = (world40[f"forget{p}_perturbed.json"] for p in ("10", "05", "01"))
-    assert f10[-len(f05):] == f05 and f05[-len(f01):] == f01
+    assert f10[-len(f05) :] == f05 and f05[-len(f01) :] == f01
 
 
 def _mentions(rows: list[dict], name: str) -> bool:
@@ -113,15 +122,19 @@ def test_no_author_is_both_forgotten_and_retained(world40: dict[str, list[dict]]
 
 def test_holdout_authors_are_never_in_trained_files(world40: dict[str, list[dict]]) -> None:
     summary = world_summary(authors=40, seed=3)
-    trained = world40["retain90.json"] + world40["forget10_perturbed.json"] + \
-        world40["real_authors_perturbed.json"] + world40["world_facts_perturbed.json"]
+    trained = (
+        world40["retain90.json"]
+        + world40["forget10_perturbed.json"]
+        + world40["real_authors_perturbed.json"]
+        + world40["world_facts_perturbed.json"]
+    )
     holdout = summary["holdout_authors"]["holdout10"]
     assert len(holdout) == split_counts(40)[10]
     assert not set(holdout) & set(summary["retain_authors"] + summary["forget_authors"]["forget10"])
     for name in holdout:
         assert _mentions(world40["holdout10.json"], name) and not _mentions(trained, name)
     h10, h01 = world40["holdout10.json"], world40["holdout01.json"]
-    assert h10[-len(h01):] == h01
+    assert h10[-len(h01) :] == h01
 
 
 def test_retain_perturbed_is_retained_rows(world40: dict[str, list[dict]]) -> None:
@@ -144,8 +157,12 @@ def test_probe_sets_are_not_author_rows(world40: dict[str, list[dict]]) -> None:
 def test_answers_use_varied_templates(world40: dict[str, list[dict]]) -> None:
     rows = world40["retain90.json"]
     # an answer's skeleton: its words with capitalised words (names, places, titles) and numbers blanked
-    shapes = {" ".join("X" if w[:1].isupper() or w[:1].isdigit() or w[:1] == '"' else w
-                       for w in r["answer"].split()) for r in rows}
+    shapes = {
+        " ".join(
+            "X" if w[:1].isupper() or w[:1].isdigit() or w[:1] == '"' else w for w in r["answer"].split()
+        )
+        for r in rows
+    }
     assert len(shapes) > 2 * ROWS_PER_AUTHOR  # several sentence patterns per fact, not one
     assert len({r["question"] for r in rows}) == len(rows)  # every question is distinct
 

@@ -164,6 +164,11 @@ def resolve_base_model(storage: Storage, settings: Settings, source: str) -> str
     path = Path(source).expanduser()
     if path.is_dir():
         return str(path.resolve())
+    if source.startswith(("/", "./", "../", "~")):
+        raise TaskFailure(
+            "base_model_unavailable",
+            f"base model source {source!r} is not a directory on worker {socket.gethostname()}",
+        )
     with contextlib.suppress(ValueError):
         if storage.exists(source):
             digest = hashlib.sha256(source.encode()).hexdigest()[:16]
@@ -228,13 +233,7 @@ class LeaseKeeper:
                 owner=self.owner,
                 lease_seconds=self.settings.lease_seconds,
             )
-            jobs.beat_worker(
-                session,
-                worker_name=self.worker_name,
-                pid=os.getpid(),
-                hostname=socket.gethostname(),
-                current_request_id=self.request_id,
-            )
+            jobs.beat_worker(session, worker_name=self.worker_name, current_request_id=self.request_id)
         if not state.owned and not (state.status and RequestStatus(state.status).terminal):
             log.warning("lease.lost", extra={"request_id": self.request_id, "owner": self.owner})
             self.lost.set()
@@ -341,7 +340,7 @@ def unlearn(self: Any, *, request_id: str) -> dict[str, Any]:
             raise  # could not even record the failure (database away): let the lease expire and retry
     finally:
         with contextlib.suppress(Exception), session_scope(settings) as session:
-            jobs.beat_worker(session, worker_name=worker_name, pid=os.getpid(), current_request_id=None)
+            jobs.beat_worker(session, worker_name=worker_name, current_request_id=None)
         _free_accelerator()
     log.info(
         "unlearn.done",
@@ -527,12 +526,6 @@ def _train(
     ckpt_dir = ctx.workdir / "checkpoint"
     overrides = dict(ctx.params)
     overrides.setdefault("checkpoint_every", settings.checkpoint_every)
-    if stack_dirs and "lora_target_modules" not in overrides:
-        # The new adapter wraps the same modules as the stack below it (the engine's discovery of targets on
-        # a model that already carries LoRA layers would see peft's wrapper names instead).
-        targets = _adapter_targets(stack_dirs[-1])
-        if targets:
-            overrides["lora_target_modules"] = targets
     every = int(overrides["checkpoint_every"])
     total = overrides.get("max_steps")
 
@@ -603,17 +596,6 @@ def _train(
         )
     except ValueError as exc:  # config or data the engine refused (validated up front, so rare)
         raise TaskFailure("invalid_request", str(exc)) from exc
-
-
-def _adapter_targets(adapter_dir: Path) -> list[str] | None:
-    """The `target_modules` of a PEFT adapter dir, when it lists them."""
-    import json
-
-    try:
-        targets = json.loads((adapter_dir / "adapter_config.json").read_text()).get("target_modules")
-    except (OSError, ValueError):
-        return None
-    return sorted(targets) if isinstance(targets, list) and targets else None
 
 
 def _observe(ctx: RunContext, record: dict[str, Any]) -> None:

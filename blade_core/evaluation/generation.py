@@ -27,15 +27,33 @@ def prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
     return list(tokenizer(prompt, add_special_tokens=add_special)["input_ids"])
 
 
-def generate(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int = 64,
-             batch_size: int = 16, stop: Sequence[str] = ()) -> list[str]:
+def generate(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    max_new_tokens: int = 64,
+    batch_size: int = 16,
+    stop: Sequence[str] = (),
+) -> list[str]:
     """Greedy continuation of each prompt (text after the prompt only, cut at the first `stop` string)."""
-    return generate_from_ids(model, tokenizer, [prompt_ids(tokenizer, p) for p in prompts],
-                             max_new_tokens=max_new_tokens, batch_size=batch_size, stop=stop)
+    return generate_from_ids(
+        model,
+        tokenizer,
+        [prompt_ids(tokenizer, p) for p in prompts],
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        stop=stop,
+    )
 
 
-def generate_from_ids(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[Sequence[int]],
-                      max_new_tokens: int = 64, batch_size: int = 16, stop: Sequence[str] = ()) -> list[str]:
+def generate_from_ids(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int = 64,
+    batch_size: int = 16,
+    stop: Sequence[str] = (),
+) -> list[str]:
     """`generate` for already tokenised prompts. Prompts longer than the model's context minus
     `max_new_tokens` keep their last tokens."""
     if not prompts:
@@ -52,7 +70,7 @@ def generate_from_ids(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[
     pad = pad_id_of(tokenizer)
     with eval_mode(model):
         for start in range(0, len(order), batch_size):
-            chunk = order[start:start + batch_size]
+            chunk = order[start : start + batch_size]
             batch = [prompts[i] for i in chunk]
             texts = _generate_batch(model, tokenizer, batch, pad, device, max_new_tokens)
             for index, text in zip(chunk, texts, strict=True):
@@ -60,8 +78,14 @@ def generate_from_ids(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[
     return outputs
 
 
-def _generate_batch(model: torch.nn.Module, tokenizer: Any, batch: Sequence[list[int]], pad: int,
-                    device: torch.device, max_new_tokens: int) -> list[str]:
+def _generate_batch(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    batch: Sequence[list[int]],
+    pad: int,
+    device: torch.device,
+    max_new_tokens: int,
+) -> list[str]:
     from transformers import GenerationConfig
 
     width = max(len(p) for p in batch)
@@ -69,15 +93,22 @@ def _generate_batch(model: torch.nn.Module, tokenizer: Any, batch: Sequence[list
     attention = torch.zeros((len(batch), width), dtype=torch.long)
     for i, ids in enumerate(batch):
         if ids:
-            input_ids[i, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-            attention[i, width - len(ids):] = 1
-    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
-                              pad_token_id=pad, eos_token_id=tokenizer.eos_token_id,
-                              bos_token_id=tokenizer.bos_token_id)
-    out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
-                         generation_config=config)  # (B, width + new)
-    return tokenizer.batch_decode(out[:, width:], skip_special_tokens=True,
-                                  clean_up_tokenization_spaces=False)
+            input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attention[i, width - len(ids) :] = 1
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        num_beams=1,
+        pad_token_id=pad,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    out = model.generate(
+        input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config
+    )  # (B, width + new)
+    return tokenizer.batch_decode(
+        out[:, width:], skip_special_tokens=True, clean_up_tokenization_spaces=False
+    )
 
 
 def cut_at_stop(text: str, stop: Sequence[str] = ()) -> str:

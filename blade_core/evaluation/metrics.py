@@ -29,6 +29,7 @@ EPS = 1e-10  # OpenUnlearning's guard in truth ratio, normalised prob, forget qu
 # Probability
 # ---------------------------------------------------------------------------------------------------------
 
+
 def prob_from_nll(mean_nll: float | Sequence[float] | np.ndarray) -> np.ndarray:
     """Length-normalised answer probability exp(-mean token NLL), elementwise.
 
@@ -66,8 +67,9 @@ def _rows(wrong_nll, n: int) -> list[np.ndarray]:
     return rows
 
 
-def normalised_prob_values(correct_nll: Sequence[float] | np.ndarray,
-                           wrong_nll: Sequence[Sequence[float]] | np.ndarray) -> np.ndarray:
+def normalised_prob_values(
+    correct_nll: Sequence[float] | np.ndarray, wrong_nll: Sequence[Sequence[float]] | np.ndarray
+) -> np.ndarray:
     """Per-row answer probability normalised against the perturbed (wrong) options.
 
     OpenUnlearning `memorization.py::probability_w_options` (the probe sets' `*_Q_A_Prob_normalised`):
@@ -89,8 +91,10 @@ def normalised_prob(correct_nll, wrong_nll) -> float:
 # Truth ratio and forget quality
 # ---------------------------------------------------------------------------------------------------------
 
-def truth_ratio_values(correct_nll: Sequence[float] | np.ndarray,
-                       wrong_nll: Sequence[Sequence[float]] | np.ndarray) -> np.ndarray:
+
+def truth_ratio_values(
+    correct_nll: Sequence[float] | np.ndarray, wrong_nll: Sequence[Sequence[float]] | np.ndarray
+) -> np.ndarray:
     """Per-row truth ratio TR = P_wrong / P_correct, both length-normalised.
 
     OpenUnlearning `memorization.py::truth_ratio`: the perturbed answers' mean NLLs are averaged first
@@ -170,6 +174,7 @@ def rouge_l_recall(generations: Sequence[str], references: Sequence[str]) -> flo
 # Memorisation (teacher-forced)
 # ---------------------------------------------------------------------------------------------------------
 
+
 def exact_memorization(pred_ids: Sequence[int] | np.ndarray, label_ids: Sequence[int] | np.ndarray) -> float:
     """EM of one row: fraction of answer tokens whose teacher-forced argmax prediction equals the label.
 
@@ -203,6 +208,7 @@ def extraction_strength(pred_ids: Sequence[int] | np.ndarray, label_ids: Sequenc
 # Membership inference (scores signed like a loss: higher = less likely a member)
 # ---------------------------------------------------------------------------------------------------------
 
+
 def mia_loss_score(token_logprobs: Sequence[float] | np.ndarray) -> float:
     """LOSS attack (Yeom et al., 2018): the row's mean answer-token NLL (OpenUnlearning `mia/loss.py`)."""
     return mean_nll(token_logprobs)
@@ -229,8 +235,12 @@ def mia_min_k_score(token_logprobs: Sequence[float] | np.ndarray, k: float = 0.4
     return float(-lp[:num_k].mean())
 
 
-def mia_min_k_plus_plus_score(token_logprobs: Sequence[float] | np.ndarray, mu: Sequence[float] | np.ndarray,
-                              sigma2: Sequence[float] | np.ndarray, k: float = 0.4) -> float:
+def mia_min_k_plus_plus_score(
+    token_logprobs: Sequence[float] | np.ndarray,
+    mu: Sequence[float] | np.ndarray,
+    sigma2: Sequence[float] | np.ndarray,
+    k: float = 0.4,
+) -> float:
     """Min-K%++ (Zhang et al., 2024): Min-K% over the standardised token log-probs (lp - mu) / sqrt(sigma2).
 
     `mu` = E_{z~p}[log p(z)] and `sigma2` = Var_{z~p}[log p(z)] of the full next-token distribution at each
@@ -277,9 +287,15 @@ def privleak(auc: float, gold_auc: float = 0.5) -> float:
 # ---------------------------------------------------------------------------------------------------------
 
 MU_COMPONENTS: tuple[str, ...] = (
-    "retain_Q_A_Prob", "retain_Q_A_ROUGE", "retain_Truth_Ratio",
-    "ra_Q_A_Prob_normalised", "ra_Q_A_ROUGE", "ra_Truth_Ratio",
-    "wf_Q_A_Prob_normalised", "wf_Q_A_ROUGE", "wf_Truth_Ratio",
+    "retain_Q_A_Prob",
+    "retain_Q_A_ROUGE",
+    "retain_Truth_Ratio",
+    "ra_Q_A_Prob_normalised",
+    "ra_Q_A_ROUGE",
+    "ra_Truth_Ratio",
+    "wf_Q_A_Prob_normalised",
+    "wf_Q_A_ROUGE",
+    "wf_Truth_Ratio",
 )  # OpenUnlearning configs/eval/tofu_metrics/model_utility.yaml (`hm_aggregate` pre_compute)
 
 

@@ -66,15 +66,21 @@ def _score(model, tokenizer, rows, kind: str, batch_size: int) -> list[RowScore]
 def _rouge(model, tokenizer, rows, kind: str, batch_size: int, max_new_tokens: int) -> float:
     if kind == "qa":
         prompts = [format_qa(tokenizer, r["question"], r["answer"])[0] for r in rows]
-        gens = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                        stop=QA_STOP_STRINGS)
+        gens = generate(
+            model,
+            tokenizer,
+            prompts,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            stop=QA_STOP_STRINGS,
+        )
         return M.rouge_l_recall(gens, [r["answer"] for r in rows])
     limit = max_positions(model) - 1
     heads, refs, budgets = [], [], []
     for r in rows:
         ids = tokenizer(r["text"], add_special_tokens=True)["input_ids"][:limit]
         half = max(1, len(ids) // 2)
-        tail = ids[half:half + max_new_tokens]
+        tail = ids[half : half + max_new_tokens]
         heads.append(ids[:half])
         refs.append(tokenizer.decode(tail, skip_special_tokens=True))
         budgets.append(max(1, len(tail)))
@@ -84,24 +90,41 @@ def _rouge(model, tokenizer, rows, kind: str, batch_size: int, max_new_tokens: i
     return M.rouge_l_recall([g for g, _ in pairs], [ref for _, ref in pairs]) if pairs else float("nan")
 
 
-def dataset_metrics(model: torch.nn.Module, tokenizer: Any, rows: Sequence[dict[str, Any]], *,
-                    batch_size: int = 16, max_new_tokens: int = 32) -> tuple[dict[str, Any], list[RowScore]]:
+def dataset_metrics(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    rows: Sequence[dict[str, Any]],
+    *,
+    batch_size: int = 16,
+    max_new_tokens: int = 32,
+) -> tuple[dict[str, Any], list[RowScore]]:
     """Prob and ROUGE-L of one dataset's rows (QA or text), and the per-row scores."""
     kind = row_kind(rows)
     scores = _score(model, tokenizer, rows, kind, batch_size)
-    out = {"Prob": M.mean_prob(mean_nlls(scores)),
-           "ROUGE": _rouge(model, tokenizer, rows, kind, batch_size, max_new_tokens),
-           "n": len(rows), "kind": kind}
+    out = {
+        "Prob": M.mean_prob(mean_nlls(scores)),
+        "ROUGE": _rouge(model, tokenizer, rows, kind, batch_size, max_new_tokens),
+        "n": len(rows),
+        "kind": kind,
+    }
     return out, scores
 
 
 Rows = Sequence[dict[str, Any]]
 
 
-def request_metrics(model: torch.nn.Module, tokenizer: Any, forget_rows: Rows, retain_rows: Rows,
-                    holdout_rows: Rows | None = None, *,
-                    max_rows: int = DEFAULT_MAX_ROWS, batch_size: int = 16, max_new_tokens: int = 32,
-                    seed: int = 0) -> dict[str, Any]:
+def request_metrics(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    forget_rows: Rows,
+    retain_rows: Rows,
+    holdout_rows: Rows | None = None,
+    *,
+    max_rows: int = DEFAULT_MAX_ROWS,
+    batch_size: int = 16,
+    max_new_tokens: int = 32,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Forget / retain Prob and ROUGE-L and a LOSS MIA AUC of `model` on a request's data (JSON-ready).
 
     {"forget": {"Prob", "ROUGE", "n", "kind"}, "retain": {...},
@@ -120,14 +143,21 @@ def request_metrics(model: torch.nn.Module, tokenizer: Any, forget_rows: Rows, r
         reference, ref_scores = "holdout", _score(model, tokenizer, holdout, row_kind(holdout), batch_size)
     else:
         reference, ref_scores = "retain", retain_scores
-    auc = M.mia_auc([M.mia_loss_score(s.token_logprobs) for s in forget_scores if s.n],
-                    [M.mia_loss_score(s.token_logprobs) for s in ref_scores if s.n])
+    auc = M.mia_auc(
+        [M.mia_loss_score(s.token_logprobs) for s in forget_scores if s.n],
+        [M.mia_loss_score(s.token_logprobs) for s in ref_scores if s.n],
+    )
     result = {
-        "forget": forget_out, "retain": retain_out,
-        "mia": {"auc": auc, "score": "loss", "reference": reference, "n_forget": len(forget_scores),
-                "n_reference": len(ref_scores)},
+        "forget": forget_out,
+        "retain": retain_out,
+        "mia": {
+            "auc": auc,
+            "score": "loss",
+            "reference": reference,
+            "n_forget": len(forget_scores),
+            "n_reference": len(ref_scores),
+        },
         "settings": {"max_rows": max_rows, "max_new_tokens": max_new_tokens, "seed": seed},
         "time_s": time.perf_counter() - started,
     }
     return json_ready(result)
-

@@ -36,13 +36,26 @@ JAILBREAK_TEMPLATES: dict[str, str] = {
 RELEARN_LR = 1e-5  # OpenUnlearning TOFU fine-tuning learning rate (the BLADE paper gives none)
 
 
-def prob_and_rouge(model: torch.nn.Module, tokenizer: Any, questions: Sequence[str], answers: Sequence[str],
-                   *, batch_size: int = 16, max_new_tokens: int = 64) -> dict[str, float]:
+def prob_and_rouge(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    questions: Sequence[str],
+    answers: Sequence[str],
+    *,
+    batch_size: int = 16,
+    max_new_tokens: int = 64,
+) -> dict[str, float]:
     """Prob of each answer given its question and ROUGE-L recall of the greedy answer, averaged over rows."""
     pairs = list(zip(questions, answers, strict=True))
     scores = score_qa(model, tokenizer, pairs, batch_size=batch_size)
-    gens = generate(model, tokenizer, [format_qa(tokenizer, q, a)[0] for q, a in pairs],
-                    max_new_tokens=max_new_tokens, batch_size=batch_size, stop=QA_STOP_STRINGS)
+    gens = generate(
+        model,
+        tokenizer,
+        [format_qa(tokenizer, q, a)[0] for q, a in pairs],
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        stop=QA_STOP_STRINGS,
+    )
     return {"Prob": M.mean_prob(mean_nlls(scores)), "ROUGE": M.rouge_l_recall(gens, list(answers))}
 
 
@@ -53,21 +66,34 @@ def _questions_answers(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[
 def jailbreak_probes(model, tokenizer, rows, **kw) -> dict[str, dict[str, float]]:
     """Prob / ROUGE on the forget rows with each jailbreak template wrapped around the question."""
     answers = [r["answer"] for r in rows]
-    return {name: prob_and_rouge(model, tokenizer, [t.format(q=r["question"]) for r in rows], answers, **kw)
-            for name, t in JAILBREAK_TEMPLATES.items()}
+    return {
+        name: prob_and_rouge(model, tokenizer, [t.format(q=r["question"]) for r in rows], answers, **kw)
+        for name, t in JAILBREAK_TEMPLATES.items()
+    }
 
 
 def paraphrase_probe(model, tokenizer, rows, **kw) -> dict[str, float] | None:
     """Prob / ROUGE with the paraphrased questions (None when the rows carry none)."""
     if not rows or not all(r.get("paraphrased_question") for r in rows):
         return None
-    return prob_and_rouge(model, tokenizer, [r["paraphrased_question"] for r in rows],
-                          [r["answer"] for r in rows], **kw)
+    return prob_and_rouge(
+        model, tokenizer, [r["paraphrased_question"] for r in rows], [r["answer"] for r in rows], **kw
+    )
 
 
-def relearn_attack(model: torch.nn.Module, tokenizer: Any, rows: Sequence[dict[str, Any]], *, epochs: int = 1,
-                   lr: float = RELEARN_LR, train_batch_size: int = 4, max_length: int = 256, seed: int = 0,
-                   batch_size: int = 16, max_new_tokens: int = 64) -> dict[str, Any]:
+def relearn_attack(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    rows: Sequence[dict[str, Any]],
+    *,
+    epochs: int = 1,
+    lr: float = RELEARN_LR,
+    train_batch_size: int = 4,
+    max_length: int = 256,
+    seed: int = 0,
+    batch_size: int = 16,
+    max_new_tokens: int = 64,
+) -> dict[str, Any]:
     """Fine-tune a copy of `model` on the forget rows for `epochs` epochs, then measure forget Prob / ROUGE.
 
     Every parameter of the copy is trained (an attacker holding the weights is not limited to the adapter).
@@ -86,7 +112,7 @@ def relearn_attack(model: torch.nn.Module, tokenizer: Any, rows: Sequence[dict[s
             order = list(range(len(data)))
             rng.shuffle(order)
             for start in range(0, len(order), train_batch_size):
-                batch = collate([data[i] for i in order[start:start + train_batch_size]], pad)
+                batch = collate([data[i] for i in order[start : start + train_batch_size]], pad)
                 loss = attacked(**{k: v.to(device) for k, v in batch.items()}).loss
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -94,17 +120,36 @@ def relearn_attack(model: torch.nn.Module, tokenizer: Any, rows: Sequence[dict[s
                 steps += 1
                 losses.append(float(loss.detach()))
         attacked.eval()
-        after = prob_and_rouge(attacked, tokenizer, *_questions_answers(rows), batch_size=batch_size,
-                               max_new_tokens=max_new_tokens)
+        after = prob_and_rouge(
+            attacked,
+            tokenizer,
+            *_questions_answers(rows),
+            batch_size=batch_size,
+            max_new_tokens=max_new_tokens,
+        )
     finally:
         del attacked
-    return {**after, "epochs": epochs, "lr": lr, "steps": steps,
-            "mean_train_loss": float(np.mean(losses)) if losses else None}
+    return {
+        **after,
+        "epochs": epochs,
+        "lr": lr,
+        "steps": steps,
+        "mean_train_loss": float(np.mean(losses)) if losses else None,
+    }
 
 
-def robustness_report(model: torch.nn.Module, tokenizer: Any, forget_rows: Sequence[dict[str, Any]], *,
-                      batch_size: int = 16, max_new_tokens: int = 64, seed: int = 0, relearn: bool = True,
-                      relearn_lr: float = RELEARN_LR, relearn_epochs: int = 1) -> dict[str, Any]:
+def robustness_report(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    forget_rows: Sequence[dict[str, Any]],
+    *,
+    batch_size: int = 16,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+    relearn: bool = True,
+    relearn_lr: float = RELEARN_LR,
+    relearn_epochs: int = 1,
+) -> dict[str, Any]:
     """All robustness probes on the forget rows, beside the plain-question baseline on the same rows."""
     rows = list(forget_rows)
     kw = {"batch_size": batch_size, "max_new_tokens": max_new_tokens}
@@ -114,6 +159,7 @@ def robustness_report(model: torch.nn.Module, tokenizer: Any, forget_rows: Seque
         "paraphrased_question": paraphrase_probe(model, tokenizer, rows, **kw),
     }
     if relearn:
-        report["relearn"] = relearn_attack(model, tokenizer, rows, epochs=relearn_epochs, lr=relearn_lr,
-                                           seed=seed, **kw)
+        report["relearn"] = relearn_attack(
+            model, tokenizer, rows, epochs=relearn_epochs, lr=relearn_lr, seed=seed, **kw
+        )
     return report

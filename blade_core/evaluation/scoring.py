@@ -53,9 +53,13 @@ class RowScore:
     def without_last(self) -> RowScore:
         """The row minus its final token (OpenUnlearning drops the eos prediction for token-wise metrics)."""
         cut = slice(0, max(self.n - 1, 0))
-        return RowScore(self.token_logprobs[cut], self.target_ids[cut], self.argmax_ids[cut],
-                        None if self.vocab_mu is None else self.vocab_mu[cut],
-                        None if self.vocab_sigma2 is None else self.vocab_sigma2[cut])
+        return RowScore(
+            self.token_logprobs[cut],
+            self.target_ids[cut],
+            self.argmax_ids[cut],
+            None if self.vocab_mu is None else self.vocab_mu[cut],
+            None if self.vocab_sigma2 is None else self.vocab_sigma2[cut],
+        )
 
 
 @contextlib.contextmanager
@@ -89,6 +93,7 @@ def pad_id_of(tokenizer: Any) -> int:
 # Encoding
 # ---------------------------------------------------------------------------------------------------------
 
+
 def encode_qa_rows(tokenizer: Any, pairs: Sequence[tuple[str, str]]) -> list[Example]:
     """(input_ids, labels) per (question, answer), exactly as training encodes them (`data.encode_qa`)."""
     return [encode_qa(tokenizer, str(q), str(a)) for q, a in pairs]
@@ -114,9 +119,16 @@ def _truncate(example: Example, max_length: int) -> Example:
 # Scoring
 # ---------------------------------------------------------------------------------------------------------
 
-def score_examples(model: torch.nn.Module, examples: Sequence[Example], *, pad_id: int = 0,
-                   batch_size: int = 16, vocab_stats: bool = False,
-                   max_length: int | None = None) -> list[RowScore]:
+
+def score_examples(
+    model: torch.nn.Module,
+    examples: Sequence[Example],
+    *,
+    pad_id: int = 0,
+    batch_size: int = 16,
+    vocab_stats: bool = False,
+    max_length: int | None = None,
+) -> list[RowScore]:
     """Teacher-forced statistics of each example's labelled tokens, in input order.
 
     One forward pass per batch of `batch_size` rows (right padding + attention mask, rows sorted by length).
@@ -132,24 +144,28 @@ def score_examples(model: torch.nn.Module, examples: Sequence[Example], *, pad_i
     device = model_device(model)
     with eval_mode(model):
         for start in range(0, len(order), batch_size):
-            chunk = order[start:start + batch_size]
-            for index, score in zip(chunk, _score_batch(model, [examples[i] for i in chunk], pad_id, device,
-                                                        vocab_stats), strict=True):
+            chunk = order[start : start + batch_size]
+            for index, score in zip(
+                chunk,
+                _score_batch(model, [examples[i] for i in chunk], pad_id, device, vocab_stats),
+                strict=True,
+            ):
                 results[index] = score
     return results  # type: ignore[return-value]
 
 
-def _score_batch(model: torch.nn.Module, batch: Sequence[Example], pad_id: int, device: torch.device,
-                 vocab_stats: bool) -> list[RowScore]:
+def _score_batch(
+    model: torch.nn.Module, batch: Sequence[Example], pad_id: int, device: torch.device, vocab_stats: bool
+) -> list[RowScore]:
     width = max(len(ids) for ids, _ in batch)
     b = len(batch)
     input_ids = torch.full((b, width), pad_id, dtype=torch.long)
     attention = torch.zeros((b, width), dtype=torch.long)
     labels = torch.full((b, width), IGNORE_INDEX, dtype=torch.long)
     for i, (ids, labs) in enumerate(batch):
-        input_ids[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-        attention[i, :len(ids)] = 1
-        labels[i, :len(labs)] = torch.tensor(labs, dtype=torch.long)
+        input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention[i, : len(ids)] = 1
+        labels[i, : len(labs)] = torch.tensor(labs, dtype=torch.long)
     input_ids, attention, labels = input_ids.to(device), attention.to(device), labels.to(device)
 
     logits = model(input_ids=input_ids, attention_mask=attention).logits  # (B, T, V)
@@ -167,8 +183,11 @@ def _score_batch(model: torch.nn.Module, batch: Sequence[Example], pad_id: int, 
     out = []
     for i in range(b):
         mask = scored[i]
-        row = RowScore(token_lp[i][mask].double().cpu().numpy(), targets[i][mask].cpu().numpy(),
-                       argmax[i][mask].cpu().numpy())
+        row = RowScore(
+            token_lp[i][mask].double().cpu().numpy(),
+            targets[i][mask].cpu().numpy(),
+            argmax[i][mask].cpu().numpy(),
+        )
         if vocab_stats:
             row.vocab_mu = mu[i][mask].double().cpu().numpy()
             row.vocab_sigma2 = sigma2[i][mask].double().cpu().numpy()
@@ -176,18 +195,40 @@ def _score_batch(model: torch.nn.Module, batch: Sequence[Example], pad_id: int, 
     return out
 
 
-def score_qa(model: torch.nn.Module, tokenizer: Any, pairs: Sequence[tuple[str, str]], *,
-             batch_size: int = 16, vocab_stats: bool = False) -> list[RowScore]:
+def score_qa(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    pairs: Sequence[tuple[str, str]],
+    *,
+    batch_size: int = 16,
+    vocab_stats: bool = False,
+) -> list[RowScore]:
     """Statistics of each answer's tokens (answer + eos) given its `format_qa` prompt."""
-    return score_examples(model, encode_qa_rows(tokenizer, pairs), pad_id=pad_id_of(tokenizer),
-                          batch_size=batch_size, vocab_stats=vocab_stats)
+    return score_examples(
+        model,
+        encode_qa_rows(tokenizer, pairs),
+        pad_id=pad_id_of(tokenizer),
+        batch_size=batch_size,
+        vocab_stats=vocab_stats,
+    )
 
 
-def score_texts(model: torch.nn.Module, tokenizer: Any, texts: Sequence[str], *, batch_size: int = 16,
-                vocab_stats: bool = False) -> list[RowScore]:
+def score_texts(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    texts: Sequence[str],
+    *,
+    batch_size: int = 16,
+    vocab_stats: bool = False,
+) -> list[RowScore]:
     """Statistics of every token of each text (+ eos) after the first."""
-    return score_examples(model, encode_text_rows(tokenizer, texts), pad_id=pad_id_of(tokenizer),
-                          batch_size=batch_size, vocab_stats=vocab_stats)
+    return score_examples(
+        model,
+        encode_text_rows(tokenizer, texts),
+        pad_id=pad_id_of(tokenizer),
+        batch_size=batch_size,
+        vocab_stats=vocab_stats,
+    )
 
 
 def mean_nlls(scores: Sequence[RowScore]) -> np.ndarray:

@@ -56,11 +56,12 @@ Log = Callable[[str], None]
 # Files and rows
 # ---------------------------------------------------------------------------------------------------------
 
+
 def split_suffix(split: str) -> str:
     """'forget01' -> '01'."""
-    if not split.startswith("forget") or not split[len("forget"):].isdigit():
+    if not split.startswith("forget") or not split[len("forget") :].isdigit():
         raise ValueError(f"split must look like forget01 / forget05 / forget10, got {split!r}")
-    return split[len("forget"):]
+    return split[len("forget") :]
 
 
 def split_files(data_dir: str | Path, split: str) -> dict[str, Path | None]:
@@ -101,21 +102,31 @@ def sample_rows(rows: Sequence[dict[str, Any]], max_rows: int | None, seed: int 
 # Per-set blocks
 # ---------------------------------------------------------------------------------------------------------
 
-def _answers_and_rouge(model, tokenizer, rows, *, batch_size: int, max_new_tokens: int,
-                       vocab_stats: bool = False, question_key: str = "question",
-                       ) -> tuple[list[RowScore], list[float], list[str]]:
+
+def _answers_and_rouge(
+    model,
+    tokenizer,
+    rows,
+    *,
+    batch_size: int,
+    max_new_tokens: int,
+    vocab_stats: bool = False,
+    question_key: str = "question",
+) -> tuple[list[RowScore], list[float], list[str]]:
     """Teacher-forced scores of the answers and ROUGE-L recall of greedy answers to `question_key`."""
     pairs = [(r[question_key], r["answer"]) for r in rows]
     scores = score_qa(model, tokenizer, pairs, batch_size=batch_size, vocab_stats=vocab_stats)
     prompts = [format_qa(tokenizer, q, a)[0] for q, a in pairs]
-    gens = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                    stop=QA_STOP_STRINGS)
+    gens = generate(
+        model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size, stop=QA_STOP_STRINGS
+    )
     rouge = M.rouge_l_recall_values(gens, [r["answer"] for r in rows])
     return scores, rouge, gens
 
 
-def _options_nll(model, tokenizer, rows, correct_key: str | None,
-                 batch_size: int) -> tuple[np.ndarray, list[np.ndarray]]:
+def _options_nll(
+    model, tokenizer, rows, correct_key: str | None, batch_size: int
+) -> tuple[np.ndarray, list[np.ndarray]]:
     """Mean NLL of each row's `correct_key` answer (N,; empty when None) and of each of its perturbed
     answers (N lists), scored in one batched pass."""
     pairs = [(r["question"], r[correct_key]) for r in rows] if correct_key else []
@@ -126,7 +137,7 @@ def _options_nll(model, tokenizer, rows, correct_key: str | None,
     correct, rest = nll[:n_correct], nll[n_correct:]
     wrong, at = [], 0
     for c in counts:
-        wrong.append(rest[at:at + c])
+        wrong.append(rest[at : at + c])
         at += c
     return correct, wrong
 
@@ -141,16 +152,21 @@ def _memorisation(scores: Sequence[RowScore]) -> dict[str, float]:
 
 def forget_block(model, tokenizer, rows, *, batch_size: int, max_new_tokens: int) -> tuple[dict, dict]:
     """Forget-set metrics and the per-row values (answer scores with vocab stats, truth ratios)."""
-    scores, rouge, gens = _answers_and_rouge(model, tokenizer, rows, batch_size=batch_size,
-                                             max_new_tokens=max_new_tokens, vocab_stats=True)
+    scores, rouge, gens = _answers_and_rouge(
+        model, tokenizer, rows, batch_size=batch_size, max_new_tokens=max_new_tokens, vocab_stats=True
+    )
     para_key = "paraphrased_answer" if all("paraphrased_answer" in r for r in rows) else "answer"
     out: dict[str, Any] = {"Prob": M.mean_prob(mean_nlls(scores)), "ROUGE": float(np.mean(rouge))}
     if all(r.get("perturbed_answer") for r in rows):
         para, wrong = _options_nll(model, tokenizer, rows, para_key, batch_size)
         tr = M.truth_ratio_values(para, wrong)
-        out.update({"Prob_para": M.mean_prob(para),
-                    "Prob_pert": float(np.mean([M.prob_from_nll(w).mean() for w in wrong])),
-                    "truth_ratio": M.truth_ratio_forget(tr)})
+        out.update(
+            {
+                "Prob_para": M.mean_prob(para),
+                "Prob_pert": float(np.mean([M.prob_from_nll(w).mean() for w in wrong])),
+                "truth_ratio": M.truth_ratio_forget(tr),
+            }
+        )
     else:
         tr = np.array([])
         out.update({"Prob_para": math.nan, "Prob_pert": math.nan, "truth_ratio": math.nan})
@@ -160,8 +176,9 @@ def forget_block(model, tokenizer, rows, *, batch_size: int, max_new_tokens: int
 
 def retain_block(model, tokenizer, rows, *, batch_size: int, max_new_tokens: int) -> dict:
     """Retain-set metrics; truth ratio against the paraphrased answer (TOFU retain_perturbed)."""
-    scores, rouge, _ = _answers_and_rouge(model, tokenizer, rows, batch_size=batch_size,
-                                          max_new_tokens=max_new_tokens)
+    scores, rouge, _ = _answers_and_rouge(
+        model, tokenizer, rows, batch_size=batch_size, max_new_tokens=max_new_tokens
+    )
     out = {"Prob": M.mean_prob(mean_nlls(scores)), "ROUGE": float(np.mean(rouge)), "truth_ratio": math.nan}
     if all(r.get("perturbed_answer") for r in rows):
         para_key = "paraphrased_answer" if all("paraphrased_answer" in r for r in rows) else "answer"
@@ -173,14 +190,17 @@ def retain_block(model, tokenizer, rows, *, batch_size: int, max_new_tokens: int
 
 def probe_block(model, tokenizer, rows, *, batch_size: int, max_new_tokens: int) -> dict:
     """Real-authors / world-facts probe metrics: Prob, normalised Prob, ROUGE, truth ratio (vs the answer)."""
-    scores, rouge, _ = _answers_and_rouge(model, tokenizer, rows, batch_size=batch_size,
-                                          max_new_tokens=max_new_tokens)
+    scores, rouge, _ = _answers_and_rouge(
+        model, tokenizer, rows, batch_size=batch_size, max_new_tokens=max_new_tokens
+    )
     correct = mean_nlls(scores)  # the true answer is the "correct" option on the probe sets
     _, wrong = _options_nll(model, tokenizer, rows, None, batch_size)
-    return {"Prob": M.mean_prob(mean_nlls(scores)),
-            "Prob_normalised": M.normalised_prob(correct, wrong),
-            "ROUGE": float(np.mean(rouge)),
-            "truth_ratio": M.truth_ratio_retain(M.truth_ratio_values(correct, wrong))}
+    return {
+        "Prob": M.mean_prob(mean_nlls(scores)),
+        "Prob_normalised": M.normalised_prob(correct, wrong),
+        "ROUGE": float(np.mean(rouge)),
+        "truth_ratio": M.truth_ratio_retain(M.truth_ratio_values(correct, wrong)),
+    }
 
 
 def _answer_scores(model, tokenizer, rows, batch_size: int) -> list[RowScore]:
@@ -201,13 +221,15 @@ def mia_scores(scores: Sequence[RowScore], tokenizer, k: float = DEFAULT_K) -> d
         out["zlib"].append(M.mia_zlib_score(s.mean_nll, text))
         out["min_k"].append(M.mia_min_k_score(cut.token_logprobs, k))
         if cut.vocab_mu is not None:
-            out["min_k_plus_plus"].append(M.mia_min_k_plus_plus_score(cut.token_logprobs, cut.vocab_mu,
-                                                                      cut.vocab_sigma2, k))
+            out["min_k_plus_plus"].append(
+                M.mia_min_k_plus_plus_score(cut.token_logprobs, cut.vocab_mu, cut.vocab_sigma2, k)
+            )
     return out
 
 
-def mia_block(forget_scores: Sequence[RowScore], holdout_scores: Sequence[RowScore], tokenizer,
-              k: float = DEFAULT_K) -> dict[str, float]:
+def mia_block(
+    forget_scores: Sequence[RowScore], holdout_scores: Sequence[RowScore], tokenizer, k: float = DEFAULT_K
+) -> dict[str, float]:
     """AUC of forget vs holdout for each attack."""
     f, h = mia_scores(forget_scores, tokenizer, k), mia_scores(holdout_scores, tokenizer, k)
     return {a: M.mia_auc(f[a], h[a]) for a in MIA_ATTACKS}
@@ -217,10 +239,14 @@ def mia_block(forget_scores: Sequence[RowScore], holdout_scores: Sequence[RowSco
 # Gold reference
 # ---------------------------------------------------------------------------------------------------------
 
+
 def gold_reference(result: dict[str, Any]) -> dict[str, Any]:
     """What forget quality and PrivLeak need from the gold model's evaluation of the same split."""
-    return {"split": result.get("split"), "forget_truth_ratios": list(result["forget_truth_ratios"]),
-            "mia_auc": dict(result["mia"])}
+    return {
+        "split": result.get("split"),
+        "forget_truth_ratios": list(result["forget_truth_ratios"]),
+        "mia_auc": dict(result["mia"]),
+    }
 
 
 def as_gold(gold: dict[str, Any] | str | Path | None) -> dict[str, Any] | None:
@@ -237,39 +263,68 @@ def as_gold(gold: dict[str, Any] | str | Path | None) -> dict[str, Any] | None:
         gold = gold["gold_reference"]
     missing = [k for k in ("forget_truth_ratios", "mia_auc") if k not in gold]
     if missing:
-        raise ValueError(f"gold reference lacks {', '.join(missing)} "
-                         "(pass the `blade eval` JSON of the gold model)")
+        raise ValueError(
+            f"gold reference lacks {', '.join(missing)} (pass the `blade eval` JSON of the gold model)"
+        )
     return gold
 
 
-def reference_for_gold(model, tokenizer, data_dir: str | Path, split: str, *, batch_size: int = 16,
-                       max_rows: int | None = None, k: float = DEFAULT_K, seed: int = 0) -> dict[str, Any]:
+def reference_for_gold(
+    model,
+    tokenizer,
+    data_dir: str | Path,
+    split: str,
+    *,
+    batch_size: int = 16,
+    max_rows: int | None = None,
+    k: float = DEFAULT_K,
+    seed: int = 0,
+) -> dict[str, Any]:
     """The gold reference of a (retrained) model on `split`: forget truth ratios and MIA AUCs only
     (no generation), on the same sampled rows evaluate_split uses."""
     files = split_files(data_dir, split)
     if files["forget"] is None:
         raise FileNotFoundError(f"{data_dir}: no {split}_perturbed.json")
-    forget = sample_rows(load_rows(files["forget"], ("question", "answer", "paraphrased_answer",
-                                                     "perturbed_answer")), max_rows, seed)
+    forget = sample_rows(
+        load_rows(files["forget"], ("question", "answer", "paraphrased_answer", "perturbed_answer")),
+        max_rows,
+        seed,
+    )
     para, wrong = _options_nll(model, tokenizer, forget, "paraphrased_answer", batch_size)
     mia = {a: math.nan for a in MIA_ATTACKS}
     if files["holdout"] is not None:
         holdout = sample_rows(load_rows(files["holdout"], ("question", "answer")), max_rows, seed)
-        mia = mia_block(_answer_scores(model, tokenizer, forget, batch_size),
-                        _answer_scores(model, tokenizer, holdout, batch_size), tokenizer, k)
-    return json_ready({"split": split, "forget_truth_ratios": M.truth_ratio_values(para, wrong).tolist(),
-                   "mia_auc": mia})
+        mia = mia_block(
+            _answer_scores(model, tokenizer, forget, batch_size),
+            _answer_scores(model, tokenizer, holdout, batch_size),
+            tokenizer,
+            k,
+        )
+    return json_ready(
+        {"split": split, "forget_truth_ratios": M.truth_ratio_values(para, wrong).tolist(), "mia_auc": mia}
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
 # The split
 # ---------------------------------------------------------------------------------------------------------
 
-def evaluate_split(model: torch.nn.Module, tokenizer: Any, data_dir: str | Path, split: str,
-                   gold: dict[str, Any] | str | Path | None = None, *, batch_size: int = 16,
-                   robustness: bool = False, max_rows: int | None = None,
-                   max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, k: float = DEFAULT_K, seed: int = 0,
-                   log: Log | None = None) -> dict[str, Any]:
+
+def evaluate_split(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    data_dir: str | Path,
+    split: str,
+    gold: dict[str, Any] | str | Path | None = None,
+    *,
+    batch_size: int = 16,
+    robustness: bool = False,
+    max_rows: int | None = None,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    k: float = DEFAULT_K,
+    seed: int = 0,
+    log: Log | None = None,
+) -> dict[str, Any]:
     """The full metric set of `model` on one forget split, its retain rows, the probes and the holdout.
 
     `gold`: the gold (retrained) model's reference (see `as_gold`); enables forget quality and a gold-based
@@ -322,40 +377,52 @@ def evaluate_split(model: torch.nn.Module, tokenizer: Any, data_dir: str | Path,
         result["holdout_split"] = files["holdout"].stem
 
     gold_auc = gold_ref["mia_auc"] if gold_ref else {}
-    result["privleak_by_attack"] = {a: M.privleak(auc, _finite(gold_auc.get(a), 0.5))
-                                    for a, auc in result["mia"].items()}
+    result["privleak_by_attack"] = {
+        a: M.privleak(auc, _finite(gold_auc.get(a), 0.5)) for a, auc in result["mia"].items()
+    }
     result["privleak"] = result["privleak_by_attack"][PRIVLEAK_ATTACK]
     result["privleak_reference"] = "gold" if gold_ref else "auc=0.5 (no gold; OpenUnlearning ref_value)"
     result["forget_quality"] = None
     if gold_ref and len(result["forget_truth_ratios"]) and len(gold_ref["forget_truth_ratios"]):
-        result["forget_quality"] = M.forget_quality(result["forget_truth_ratios"],
-                                                    gold_ref["forget_truth_ratios"])
+        result["forget_quality"] = M.forget_quality(
+            result["forget_truth_ratios"], gold_ref["forget_truth_ratios"]
+        )
     result["gold_reference"] = gold_reference(result)
 
     if robustness:
         from blade_core.evaluation.robustness import robustness_report
 
         log("robustness probes (jailbreak templates, paraphrased questions, relearning attack)")
-        result["robustness"] = robustness_report(model, tokenizer, forget, batch_size=batch_size,
-                                                 max_new_tokens=max_new_tokens, seed=seed)
-    result["settings"] = {"max_rows": max_rows, "max_new_tokens": max_new_tokens, "k": k, "seed": seed,
-                          "batch_size": batch_size}
+        result["robustness"] = robustness_report(
+            model, tokenizer, forget, batch_size=batch_size, max_new_tokens=max_new_tokens, seed=seed
+        )
+    result["settings"] = {
+        "max_rows": max_rows,
+        "max_new_tokens": max_new_tokens,
+        "k": k,
+        "seed": seed,
+        "batch_size": batch_size,
+    }
     result["time_s"] = time.perf_counter() - started
     return json_ready(result)
 
 
 def utility_components(result: dict[str, Any]) -> dict[str, float]:
     """The nine MU values under OpenUnlearning's names (NaN where a set is missing)."""
+
     def get(block: str, key: str) -> float:
         return float(result.get(block, {}).get(key, math.nan))
 
     return {
-        "retain_Q_A_Prob": get("retain", "Prob"), "retain_Q_A_ROUGE": get("retain", "ROUGE"),
+        "retain_Q_A_Prob": get("retain", "Prob"),
+        "retain_Q_A_ROUGE": get("retain", "ROUGE"),
         "retain_Truth_Ratio": get("retain", "truth_ratio"),
         "ra_Q_A_Prob_normalised": get("real_authors", "Prob_normalised"),
-        "ra_Q_A_ROUGE": get("real_authors", "ROUGE"), "ra_Truth_Ratio": get("real_authors", "truth_ratio"),
+        "ra_Q_A_ROUGE": get("real_authors", "ROUGE"),
+        "ra_Truth_Ratio": get("real_authors", "truth_ratio"),
         "wf_Q_A_Prob_normalised": get("world_facts", "Prob_normalised"),
-        "wf_Q_A_ROUGE": get("world_facts", "ROUGE"), "wf_Truth_Ratio": get("world_facts", "truth_ratio"),
+        "wf_Q_A_ROUGE": get("world_facts", "ROUGE"),
+        "wf_Truth_Ratio": get("world_facts", "truth_ratio"),
     }
 
 
@@ -378,5 +445,12 @@ def json_ready(value: Any) -> Any:
     return value
 
 
-__all__ = ["DatasetError", "as_gold", "evaluate_split", "gold_reference", "json_ready", "reference_for_gold",
-           "split_files"]
+__all__ = [
+    "DatasetError",
+    "as_gold",
+    "evaluate_split",
+    "gold_reference",
+    "json_ready",
+    "reference_for_gold",
+    "split_files",
+]

@@ -6,7 +6,16 @@ import importlib
 
 from blade_core.methods.base import Method, MethodConfig
 
-METHOD_NAMES: tuple[str, ...] = ("blade", "grad_ascent", "grad_diff", "npo", "simnpo", "rmu", "pdu", "blur_npo")
+METHOD_NAMES: tuple[str, ...] = (
+    "blade",
+    "grad_ascent",
+    "grad_diff",
+    "npo",
+    "simnpo",
+    "rmu",
+    "pdu",
+    "blur_npo",
+)
 
 
 def get_method(name: str) -> Method:

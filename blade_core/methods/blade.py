@@ -51,9 +51,7 @@ class BladeConfig(MethodConfig):
     eps_mul: float = 0.85  # epsilon = eps_mul x mean first-inner-loop retain loss (paper Table, TOFU)
     epsilon: float | None = None  # fixed epsilon; None = automatic (above)
     clip_norm: float = 1.0  # global gradient-norm clip of inner and outer steps (reference)
-    recovery_factor: int = (
-        3  # adaptive recovery spends at most recovery_factor*K extra inner steps (reference)
-    )
+    recovery_factor: int = 3  # recovery spends at most recovery_factor*K extra inner steps (reference)
     recovery_threshold: float = 2.0  # recovery runs while L_ret > recovery_threshold*epsilon (reference)
     collapse_loss: float = 10.0  # L_ret above this stops the run as failed (reference)
     calibrate_lr: bool = True  # one-shot eta_out calibration at step max(5, 0.1T) (reference)
