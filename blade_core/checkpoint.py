@@ -8,9 +8,11 @@ Resuming restores all of it, so the resumed run continues exactly where the save
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from collections.abc import Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,11 @@ def checkpoint_path(directory: str | Path) -> Path:
 
 def has_checkpoint(directory: str | Path | None) -> bool:
     return directory is not None and checkpoint_path(directory).is_file()
+
+
+def config_fingerprint(config: Any) -> Any:
+    """The config as plain JSON (tuples as lists) minus `checkpoint_every`: what a checkpoint must match."""
+    return json.loads(json.dumps({k: v for k, v in asdict(config).items() if k != "checkpoint_every"}))
 
 
 def rng_state() -> dict[str, Any]:

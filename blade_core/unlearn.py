@@ -33,8 +33,9 @@ class RunOutput:
     adapter_dir: Path  # the PEFT adapter dir, or the full model dir when the config had use_lora=False
     history: list[dict[str, Any]]
     status: RunStatus
-    message: str
+    message: str  # how the method ended (converged, cap, collapse, cancelled)
     config: dict[str, Any]
+    saved: str = ""  # what was written where
     full_model: bool = False
     elapsed_s: float = 0.0
     peak_mem_mb: float | None = None  # CUDA peak allocated memory, when on CUDA
@@ -264,19 +265,19 @@ def run_unlearning(
     out_dir.mkdir(parents=True, exist_ok=True)
     if config.use_lora:
         lora.save_adapter(net, out_dir)
-        what = f"PEFT adapter written to {out_dir}"
+        saved = f"PEFT adapter written to {out_dir}"
     else:
         net.save_pretrained(str(out_dir), safe_serialization=True)
         tokenizer.save_pretrained(str(out_dir))
-        what = f"use_lora=False: a full model dir (not an adapter) written to {out_dir}"
-    message = f"{result.message} {what}".strip()
+        saved = f"use_lora=False: a full model dir (not an adapter) written to {out_dir}"
     (out_dir / "history.json").write_text(json.dumps(result.history, indent=1))
     peak = torch.cuda.max_memory_allocated(dev) / 2**20 if dev.type == "cuda" else None
     output = RunOutput(
         adapter_dir=out_dir,
         history=result.history,
         status=result.status,
-        message=message,
+        message=result.message,
+        saved=saved,
         config=config_to_dict(config),
         full_model=not config.use_lora,
         elapsed_s=time.time() - started,
@@ -290,7 +291,7 @@ def run_unlearning(
         "forget": str(forget),
         "retain": str(retain),
         "status": output.status,
-        "message": message,
+        "message": result.message,
         "steps": len(result.history),
         "elapsed_s": round(output.elapsed_s, 3),
         "peak_mem_mb": peak,

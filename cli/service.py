@@ -216,16 +216,15 @@ def run_api(args: argparse.Namespace) -> int:
         workers=args.workers,
         log_level=settings.log_level.lower(),
         log_config=None,
+        access_log=False,  # the API's own middleware logs each request as one JSON line ("http.request")
         proxy_headers=True,
     )
     return 0
 
 
 def _configure_logging(service: str, level: str) -> None:
-    try:
-        from persistence.jsonlog import configure_logging
-    except ImportError:  # pragma: no cover
-        return
+    from persistence.jsonlog import configure_logging
+
     configure_logging(service=service, level=level)
 
 
@@ -318,33 +317,15 @@ def _wait_worker(
     raise RuntimeError(f"the worker did not report ready within {timeout:g} s")
 
 
-def _demo_files(data_dir: Path, model_dir: Path, demo_data: Path | None) -> tuple[Path, Path] | None:
-    """Forget and retain files for the printed example: the demo world's forget01/retain99 when found."""
-    candidates = [demo_data] if demo_data else []
-    candidates += [
-        model_dir.parent / "data",
-        model_dir / "data",
-        data_dir / "cache" / "demo" / "data",
-        data_dir / "cache" / "demo",
-    ]
-    try:
-        from blade_core import demo
+def _demo_files(data_dir: Path, demo_data: Path | None) -> tuple[Path, Path] | None:
+    """Forget and retain files for the printed example: forget01/retain99 of `--demo-data`, else of the demo
+    world (the one `demo-tiny` memorised)."""
+    if demo_data is None:
+        from blade_core.demo import demo_data_dir
 
-        for name in ("demo_data_dir", "DEMO_DATA_DIR"):
-            ref = getattr(demo, name, None)
-            if callable(ref):
-                candidates.insert(0, Path(ref(data_dir / "cache" / "demo")))
-            elif ref:
-                candidates.insert(0, Path(ref))
-    except ImportError:
-        pass
-    for cand in candidates:
-        if cand is None:
-            continue
-        for forget in ("forget01_perturbed.json", "forget01.json"):
-            if (cand / forget).is_file() and (cand / "retain99.json").is_file():
-                return (cand / forget).resolve(), (cand / "retain99.json").resolve()
-    return None
+        demo_data = demo_data_dir(data_dir / "cache" / "demo")
+    forget, retain = demo_data / "forget01_perturbed.json", demo_data / "retain99.json"
+    return (forget.resolve(), retain.resolve()) if forget.is_file() and retain.is_file() else None
 
 
 def first_request_curl(url: str, key_expr: str, files: tuple[Path, Path] | None) -> str:
@@ -472,7 +453,7 @@ def run_up(args: argparse.Namespace) -> int:
         _say("starting the API and the worker ...")
         _wait_http(f"{url}/healthz", procs, timeout=120)
         _wait_worker(settings, worker_name, procs, since=started, timeout=120)
-        files = _demo_files(data_dir, model_dir, args.demo_data)
+        files = _demo_files(data_dir, args.demo_data)
         if key_is_new and generated_here:
             key_line = f"admin key (generated, shown once; also in {data_dir / ADMIN_KEY_FILE}): {key}"
             key_expr = shlex.quote(key)

@@ -115,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
 def summary(output: Any) -> str:
     """A few lines on how the run ended and where its files are."""
     hist = output.history
-    lines = [f"status: {output.status} after {len(hist)} steps in {output.elapsed_s:.1f}s", output.message]
+    lines = [f"status: {output.status} after {len(hist)} steps in {output.elapsed_s:.1f}s"]
+    lines += [text for text in (output.message, output.saved) if text]
     if hist:
         first, last = hist[0], hist[-1]
         lines.append(

@@ -286,3 +286,55 @@ def test_batch_streams_are_seeded_per_run(world):
     _, _, forget, _ = world
     a, b = BatchStream(forget, 4, seed=0), BatchStream(forget, 4, seed=0)
     assert a.next_indices() == b.next_indices()
+
+
+class _Killed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("name", ["pdu", "npo"])  # PDU carries a multiplier, NPO a reference model
+def test_a_resumed_baseline_ends_like_an_uninterrupted_one(world, name, tmp_path):
+    base, tokenizer, forget, retain = world
+    method = get_method(name)
+    config = method.config_class(
+        max_steps=6,
+        lr=1e-3,
+        batch_size=4,
+        checkpoint_every=2,
+        show_progress=False,
+        **({"dual_warmup_frac": 0.0} if name == "pdu" else {}),
+    )
+
+    def run(hooks: Hooks):
+        model = copy.deepcopy(base)
+        result = method.train(
+            UnlearnTask(model, tokenizer, forget, retain, torch.device("cpu"), hooks), config
+        )
+        return model, result
+
+    full_model, full = run(Hooks())
+
+    def crash_at_3(record):
+        if record["step"] == 3:
+            raise _Killed  # the last checkpoint is step 2's
+
+    ckpt = tmp_path / "ckpt"
+    with pytest.raises(_Killed):
+        run(Hooks(on_step=crash_at_3, checkpoint_dir=ckpt))
+    seen: list[int] = []
+    resumed_model, resumed = run(Hooks(on_step=lambda r: seen.append(r["step"]), checkpoint_dir=ckpt))
+
+    assert seen == [3, 4, 5, 6]
+    strip = [{k: v for k, v in r.items() if k != "time_s"} for r in resumed.history]
+    want = [{k: v for k, v in r.items() if k != "time_s"} for r in full.history]
+    assert [r["step"] for r in strip] == [1, 2, 3, 4, 5, 6]
+    for got, expected in zip(strip, want, strict=True):
+        for key, value in expected.items():
+            if isinstance(value, float):
+                assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-7), (got["step"], key)
+            else:
+                assert got[key] == value, (got["step"], key)
+    if name == "pdu":
+        assert len({r["lambda"] for r in want}) > 1  # the multiplier moved, across the checkpoint too
+    for p, q in zip(resumed_model.parameters(), full_model.parameters(), strict=True):
+        assert torch.allclose(p, q, rtol=1e-5, atol=1e-6)

@@ -156,7 +156,7 @@ def test_use_lora_false_writes_a_full_model_and_says_so(engine_world, tmp_path):
         overrides={**TINY, "use_lora": "false"},
         max_steps=1,
     )
-    assert out.full_model and "full model dir" in out.message
+    assert out.full_model and "full model dir" in out.saved
     names = {p.name for p in out.adapter_dir.iterdir()}
     assert {"config.json", "model.safetensors", "history.json"} <= names
     assert "adapter_config.json" not in names

@@ -4,7 +4,9 @@ Every baseline is "draw a forget batch and a retain batch, put a gradient in `.g
 only the gradient differs. So a method supplies a `step_fn(micro_batches) -> StepStats` that runs its forward
 passes and backward passes, and `run_loop` owns the rest: optimiser and learning-rate schedule, batch
 streams, gradient clipping, history records in the `history.json` shape (CONTRACT.md), progress bar, hooks,
-cancellation, the step cap and collapse detection (a non-finite loss stops the run with status 'collapsed').
+cancellation, checkpoint/resume, the step cap and collapse detection (a non-finite loss stops the run with
+status 'collapsed'). A method whose step keeps state across steps (PDU's multiplier) passes it as `state`, a
+JSON-able dict the checkpoint carries.
 
 Departures from OpenUnlearning's Hugging Face Trainer: steps are counted, not epochs (the bench caps every
 method at the same number of steps), warm-up is a fraction of those steps (OpenUnlearning: 1 of 10 epochs),
@@ -24,6 +26,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from blade_core.checkpoint import config_fingerprint, has_checkpoint, load_checkpoint, save_checkpoint
 from blade_core.data import BatchStream
 from blade_core.methods.base import MethodConfig, RunResult, UnlearnTask
 
@@ -35,16 +38,13 @@ class BaselineConfig(MethodConfig):
     """Optimiser settings every baseline shares (OpenUnlearning TOFU unlearning defaults)."""
 
     use_lora: bool = False  # full-parameter fine-tuning, as the baselines were published
-    lr: float = (
-        1e-5  # learning rate, full-parameter (OpenUnlearning configs/experiment/unlearn/tofu/default.yaml)
-    )
-    lora_lr: float = (
-        1e-4  # learning rate when use_lora (OpenUnlearning configs/experiment/unlearn/tofu/lora.yaml)
-    )
+    # learning rate, full-parameter (OpenUnlearning configs/experiment/unlearn/tofu/default.yaml)
+    lr: float = 1e-5
+    # learning rate when use_lora (OpenUnlearning configs/experiment/unlearn/tofu/lora.yaml)
+    lora_lr: float = 1e-4
     weight_decay: float = 0.01  # AdamW weight decay (OpenUnlearning TOFU unlearn default)
-    warmup_frac: float = (
-        0.1  # linear warm-up over this fraction of max_steps (OpenUnlearning: 1 of 10 epochs)
-    )
+    # linear warm-up over this fraction of max_steps (OpenUnlearning: 1 of 10 epochs)
+    warmup_frac: float = 0.1
     lr_decay: bool = True  # then linear decay to 0 (Hugging Face Trainer's default 'linear' schedule)
     max_grad_norm: float = 1.0  # gradient clipping (Hugging Face Trainer default)
     show_progress: bool = True  # tqdm bar over steps
@@ -177,23 +177,48 @@ def run_loop(
     *,
     name: str,
     params: list[torch.nn.Parameter] | None = None,
+    state: dict[str, Any] | None = None,
 ) -> RunResult:
     """Train for `config.max_steps` AdamW steps, each on `config.grad_accum` (forget, retain) micro-batches.
 
     `step_fn` leaves the step's gradient in `.grad` of `params` (default: every trainable parameter) and
     returns what it measured. Stops early when `task.hooks.should_stop()` says so ('cancelled') or a loss is
     not finite ('collapsed'); otherwise ends with status 'max_steps' (the baselines have no convergence test).
+    With `hooks.checkpoint_dir`: saves every `config.checkpoint_every` steps, resumes from a checkpoint there.
     """
     model, hooks = task.model, task.hooks
     params = params if params is not None else trainable_parameters(model)
     optimizer = torch.optim.AdamW(params, lr=config.effective_lr, weight_decay=config.weight_decay)
     forget_stream = BatchStream(task.forget, config.batch_size, seed=config.seed)
     retain_stream = BatchStream(task.retain, config.batch_size, seed=config.seed + 1)
+    ckpt_objects = {
+        "model": model,
+        "optimizers": {"adamw": optimizer},
+        "streams": {"forget": forget_stream, "retain": retain_stream},
+    }
+    state = state if state is not None else {}
     history: list[dict[str, Any]] = []
+    elapsed_before = 0.0
+    if has_checkpoint(hooks.checkpoint_dir):
+        saved = load_checkpoint(hooks.checkpoint_dir, **ckpt_objects)
+        if saved.get("config") != config_fingerprint(config):
+            raise ValueError(
+                f"{hooks.checkpoint_dir}: the checkpoint was written by a run with another config"
+            )
+        history, elapsed_before = saved["history"], saved["elapsed_s"]
+        state.update(saved["method_state"])
     status, message = "max_steps", ""
     model.train()
-    start = time.perf_counter()
-    bar = tqdm(range(config.max_steps), desc=name, unit="step", leave=False, disable=not config.show_progress)
+    start = time.perf_counter() - elapsed_before
+    bar = tqdm(
+        range(len(history), config.max_steps),
+        initial=len(history),
+        total=config.max_steps,
+        desc=name,
+        unit="step",
+        leave=False,
+        disable=not config.show_progress,
+    )
     for step in bar:
         if hooks.should_stop is not None and hooks.should_stop():
             status, message = "cancelled", f"cancelled before step {step + 1}"
@@ -235,6 +260,19 @@ def run_loop(
         bar.set_postfix(
             L_fgt=f"{stats.L_fgt:.3f}", L_ret="-" if stats.L_ret is None else f"{stats.L_ret:.3f}"
         )
+        done = step + 1
+        due = done % config.checkpoint_every == 0 and done < config.max_steps
+        if hooks.checkpoint_dir is not None and due:
+            save_checkpoint(
+                hooks.checkpoint_dir,
+                **ckpt_objects,
+                state={
+                    "config": config_fingerprint(config),
+                    "history": history,
+                    "elapsed_s": time.perf_counter() - start,
+                    "method_state": dict(state),
+                },
+            )
     bar.close()
     model.eval()
     return RunResult(history=history, status=status, message=message)

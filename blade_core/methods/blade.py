@@ -20,15 +20,14 @@ augmented term applied per micro-batch.
 
 from __future__ import annotations
 
-import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
-from blade_core.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
+from blade_core.checkpoint import config_fingerprint, has_checkpoint, load_checkpoint, save_checkpoint
 from blade_core.data import BatchStream
 from blade_core.dynamics import ConvergenceMonitor, LrCalibrator
 from blade_core.losses import clamped_entropy_loss, counted_mask, mean_token_entropy, token_cross_entropy
@@ -283,7 +282,7 @@ def train(task: UnlearnTask, cfg: BladeConfig) -> RunResult:
         "optimizers": {"inner": inner_opt, "outer": outer_opt},
         "streams": {"forget": forget, "retain": retain},
     }
-    config_key = json.loads(json.dumps({k: v for k, v in asdict(cfg).items() if k != "checkpoint_every"}))
+    config_key = config_fingerprint(cfg)
     if has_checkpoint(hooks.checkpoint_dir):
         saved = load_checkpoint(hooks.checkpoint_dir, **ckpt_objects)
         if saved.get("config") != config_key:

@@ -67,7 +67,7 @@ def train(task: UnlearnTask, config: PDUConfig) -> RunResult:
             extra={"phase": "dual" if dual else "warmup", "T_trans": warmup_steps + 1},
         )
 
-    return run_loop(task, config, step, name="pdu")
+    return run_loop(task, config, step, name="pdu", state=state)
 
 
 METHOD = Method(
