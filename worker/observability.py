@@ -225,11 +225,13 @@ def observe_run_finished(*, request_id: str, outcome: str, duration_s: float | N
     m.run_seconds.labels(method, outcome).observe(duration_s)
     m.run_steps.labels(method, outcome).observe(run.get("last_step", 0))
     labels = (str(request_id), run.get("base_model") or "", method)
+    multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
     for gauge in (m.step, m.lam, m.l_ret, m.l_fgt, m.epsilon, m.step_rate):
-        # Multiprocess files cannot drop a series: NaN marks it ended until the process exits.
-        gauge.labels(*labels).set(float("nan"))
-        with contextlib.suppress(KeyError):
-            gauge.remove(*labels)
+        if multiprocess:  # its files cannot drop a series: NaN marks it ended until the process exits
+            gauge.labels(*labels).set(float("nan"))
+        else:
+            with contextlib.suppress(KeyError):
+                gauge.remove(*labels)
 
 
 def _gpu_memory_peak() -> None:
