@@ -51,7 +51,13 @@ def ensure_demo_model(cache_dir: str | Path, progress: bool = True) -> Path:
     data_dir = ensure_demo_world(cache_dir)
     log = (lambda message: print(f"[demo-tiny] {message}", flush=True)) if progress else None
     result = build_model(
-        data_dir, demo_model_dir(cache_dir), seed=DEMO_SEED, size=DEMO_SIZE, progress=progress, log=log
+        data_dir,
+        demo_model_dir(cache_dir),
+        seed=DEMO_SEED,
+        size=DEMO_SIZE,
+        progress=progress,
+        log=log,
+        threads=1,  # a model this small trains fastest on one thread, and never oversubscribes a busy CPU
     )
     return result.model_dir
 

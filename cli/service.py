@@ -398,6 +398,9 @@ def run_up(args: argparse.Namespace) -> int:
             "PYTHONUNBUFFERED": "1",
         }
     )
+    # The demo model is tiny: one torch thread trains it fastest, and two threads on a 2-core machine that is
+    # busy with anything else slow each step down many times over (3 s instead of 0.05 s per build step).
+    env.setdefault("OMP_NUM_THREADS", "1")
     generated_here = not given_key
 
     with socket.socket() as probe:
