@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from blade_core.lr_scale import auto_lr_scale, scaled_learning_rates
 from blade_core.methods import METHOD_NAMES
 
 SPLITS: tuple[str, ...] = ("forget01", "forget05", "forget10")
@@ -66,10 +67,10 @@ class BenchSettings:
     eval_batch_size: int = 32
     world_seed: int = 0
     build_seed: int = 0
-    # Multiplies every method's learning rates (LR_FIELDS) alike. None: the target's training LR over TOFU's
-    # fine-tuning LR, so unlearning runs at the same ratio to training as the published TOFU recipes; 1.0:
-    # the published values as they are (tuned for pretrained 1B-8B models; a small from-scratch model
-    # barely moves under them).
+    # Multiplies every method's learning rates alike (blade_core/lr_scale.py). None: the target's training LR
+    # over TOFU's fine-tuning LR, so unlearning runs at the same ratio to training as the published TOFU
+    # recipes; 1.0: the published values as they are (tuned for pretrained 1B-8B models; a small
+    # from-scratch model barely moves under them).
     lr_scale: float | None = None
 
 
@@ -81,20 +82,6 @@ PRESETS: dict[str, BenchSettings] = {
         authors=20, model_size="quick", max_steps=30, seeds=1, eval_max_rows=20, eval_max_new_tokens=32
     ),
 }
-
-# Learning-rate fields of the method configs (baselines: lr, lora_lr; BLADE: eta_in, eta_out).
-LR_FIELDS: tuple[str, ...] = ("lr", "lora_lr", "eta_in", "eta_out")
-TOFU_FINETUNE_LR = 1e-5  # TOFU's target fine-tuning LR (Maini et al. 2024; OpenUnlearning finetune.yaml)
-
-
-def auto_lr_scale(target: Path) -> float:
-    """The target's peak training LR (from `blade model build`'s build_info.json) over TOFU_FINETUNE_LR;
-    1.0 for a model without build info (e.g. a pretrained hub model, which the published LRs are for)."""
-    try:
-        info = json.loads((Path(target) / "build_info.json").read_text())
-        return float(info["recipe"]["lr"]) / TOFU_FINETUNE_LR
-    except (OSError, ValueError, KeyError, TypeError):
-        return 1.0
 
 
 @dataclass
@@ -276,22 +263,17 @@ def _load(model_dir: Path, device):
 def method_overrides(method: str, plan: BenchPlan) -> dict[str, Any]:
     """The bench-wide config fields every method gets alike: batch size, max length, learning rates times
     `lr_scale` (from the method's own defaults), plus any explicit per-method overrides of the plan."""
-    import dataclasses
-
     from blade_core.methods import get_method
     from blade_core.unlearn import config_fields
 
     config_class = get_method(method).config_class
     known = config_fields(config_class)
-    defaults = {f.name: f.default for f in dataclasses.fields(config_class)}
-    scale = plan.lr_scale
     fields: dict[str, Any] = {
         "batch_size": plan.settings.batch_size,
         "max_length": plan.settings.max_length,
         "show_progress": False,  # run_unlearning's own step bar shows every method alike
+        **scaled_learning_rates(method, plan.lr_scale),
     }
-    if scale != 1.0:
-        fields.update({name: defaults[name] * scale for name in LR_FIELDS if name in known})
     fields.update(plan.overrides.get(method, {}))
     return {k: v for k, v in fields.items() if k in known}
 

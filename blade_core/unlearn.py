@@ -57,6 +57,10 @@ def presets_of(method: str) -> dict[str, dict[str, Any]]:
     return dict(getattr(importlib.import_module(f"blade_core.methods.{method}"), "PRESETS", {}))
 
 
+_TRUE_WORDS = ("1", "true", "yes", "on")
+_FALSE_WORDS = ("0", "false", "no", "off")
+
+
 def _coerce(cls: type, name: str, annotation: Any, value: Any) -> Any:
     """`value` (possibly a CLI string) as the type of field `name`; ValueError naming field and value."""
     bad = ValueError(f"{cls.__name__}.{name}: cannot use {value!r} (expected {_type_name(annotation)})")
@@ -84,17 +88,9 @@ def _coerce(cls: type, name: str, annotation: Any, value: Any) -> Any:
     if annotation is bool:
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.strip().lower() in (
-            "1",
-            "true",
-            "yes",
-            "on",
-            "0",
-            "false",
-            "no",
-            "off",
-        ):
-            return value.strip().lower() in ("1", "true", "yes", "on")
+        word = value.strip().lower() if isinstance(value, str) else None
+        if word in _TRUE_WORDS or word in _FALSE_WORDS:
+            return word in _TRUE_WORDS
         raise bad
     if annotation is int:
         if isinstance(value, bool):

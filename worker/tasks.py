@@ -273,6 +273,8 @@ class RunContext:
     checkpoint_key: str | None
     workdir: Path
     stack: list[dict[str, Any]] = field(default_factory=list)  # [{id, key, sha256, version}]
+    # Learning rates scaled for a model built from scratch (blade_core/lr_scale.py), unless params set them.
+    learning_rates: dict[str, float] = field(default_factory=dict)
 
     def write(self, fn: Any, **kwargs: Any) -> Any:
         """Run one persistence.jobs function in its own short transaction, as the lease owner."""
@@ -407,6 +409,7 @@ def _run_request(ctx: RunContext, lease: LeaseKeeper) -> str:
     forget_path = _fetch_dataset(storage, ctx.forget, ctx.workdir / f"forget{_suffix(ctx.forget['key'])}")
     retain_path = _fetch_dataset(storage, ctx.retain, ctx.workdir / f"retain{_suffix(ctx.retain['key'])}")
     base_ref = resolve_base_model(storage, settings, ctx.base_source)
+    ctx.learning_rates = _scaled_learning_rates(ctx.method, base_ref, ctx.params)
     stack_dirs = [
         fetch_adapter(storage, settings, adapter_id=a["id"], key=a["key"], sha256=a["sha256"])
         for a in ctx.stack
@@ -524,7 +527,7 @@ def _train(
 
     settings, storage = ctx.settings, ctx.storage
     ckpt_dir = ctx.workdir / "checkpoint"
-    overrides = dict(ctx.params)
+    overrides = {**ctx.learning_rates, **ctx.params}
     overrides.setdefault("checkpoint_every", settings.checkpoint_every)
     every = int(overrides["checkpoint_every"])
     total = overrides.get("max_steps")
@@ -598,6 +601,15 @@ def _train(
         raise TaskFailure("invalid_request", str(exc)) from exc
 
 
+def _scaled_learning_rates(method: str, base_ref: str, params: dict[str, Any]) -> dict[str, float]:
+    """The method's learning rates scaled for `base_ref` when we built it from scratch (else none), minus
+    those the request sets itself."""
+    from blade_core.lr_scale import auto_lr_scale, scaled_learning_rates
+
+    scaled = scaled_learning_rates(method, auto_lr_scale(base_ref))
+    return {name: value for name, value in scaled.items() if name not in params}
+
+
 def _observe(ctx: RunContext, record: dict[str, Any]) -> None:
     try:
         from worker.observability import observe_step
@@ -622,8 +634,7 @@ def _register_adapter(
     """The request's adapter version: created once; a redelivery finds the one it made before."""
     from persistence import registry
 
-    hyper = dict(ctx.params)
-    hyper["method"] = ctx.method
+    hyper = {**ctx.learning_rates, **ctx.params, "method": ctx.method}
     if run_status:
         hyper["run_status"] = run_status
     return registry.create_adapter_version(
