@@ -210,6 +210,9 @@ def run_scenario(browser, site, shots, problems: list[str], pages: list[Any]) ->
         and page.locator("#chart-lambda canvas").count() == 1
     )
     assert page.locator("#cancel-btn").is_visible()
+    # The "before" metrics (measured ahead of step 1) appear while it runs, without a reload.
+    page.wait_for_selector("#metrics", timeout=30_000)
+    assert "forget.Prob" in page.inner_text("#metrics")
     shots(page, "03-request-running")
     timer.mark("chart grew")
 

@@ -136,7 +136,8 @@ def sign_in_redirect(request: Request, exc: SignInRequired) -> Response:
     return RedirectResponse(f"/dashboard/login?next={quote(exc.next_url)}", status_code=303)
 
 
-FRAGMENTS = frozenset({"overview.html", "requests.html", "model.html"})  # pages with a live part
+# Pages with a live part.
+FRAGMENTS = frozenset({"overview.html", "requests.html", "model.html", "request.html"})
 
 
 def render(request: Request, name: str, viewer: Viewer | None, **context: Any) -> HTMLResponse:

@@ -187,6 +187,12 @@
     return st;
   }
 
+  // The "before" metrics are measured ahead of step 1: swap the panel in from the server once they exist.
+  async function refreshMetrics() {
+    const r = await fetch(location.pathname + "?fragment=1", { credentials: "same-origin", headers: { Accept: "text/html" } });
+    if (r.ok) document.getElementById("metrics-panel").innerHTML = await r.text();
+  }
+
   // Only the steps after the last one shown; every 30th poll takes them all (a resumed run re-sends steps).
   let polls = 0;
   async function poll() {
@@ -201,6 +207,7 @@
       redraw();
       const st = showStatus(req);
       if (TERMINAL.has(st) && !TERMINAL.has(status)) { setTimeout(() => location.reload(), 600); return; }
+      if (!document.getElementById("metrics") && (st === "running" || st === "evaluating")) refreshMetrics().catch(() => {});
       status = st;
     } catch (err) {
       if (err.status === 401) { location.href = "/dashboard/login?next=" + encodeURIComponent(location.pathname); return; }
