@@ -475,12 +475,22 @@ def next_in_line(session: Session, *, base_model_id: str) -> str | None:
     ).first()
 
 
+# How long a submitted request may go unpublished before the reconciler publishes it: the API publishes right
+# after committing the row, and a reconcile pass in between would only send a duplicate.
+PUBLISH_GRACE_S = 10.0
+
+
 def reconcile_candidates(
-    session: Session, *, now: datetime | None = None, requeue_after_s: float = 300.0
+    session: Session,
+    *,
+    now: datetime | None = None,
+    requeue_after_s: float = 300.0,
+    publish_grace_s: float = PUBLISH_GRACE_S,
 ) -> list[str]:
     """Requests whose task the broker may have lost, to publish again (duplicates are harmless):
     - the head of each base model's queue when it is runnable, nobody holds a live lease, and its task was
-      never published or last published more than `requeue_after_s` ago (a worker busy elsewhere may simply
+      never published though it was submitted more than `publish_grace_s` ago (the API publishes right after
+      its commit), or last published more than `requeue_after_s` ago (a worker busy elsewhere may simply
       not have reached it yet: don't flood the queue);
     - any head whose lease has expired (its worker died), at once.
     """
@@ -494,7 +504,11 @@ def reconcile_candidates(
     stale = now - timedelta(seconds=requeue_after_s)
     lease_expired = and_(UnlearnRequest.lease_owner.is_not(None), UnlearnRequest.lease_expires_at <= now)
     no_lease = or_(UnlearnRequest.lease_owner.is_(None), UnlearnRequest.lease_expires_at.is_(None))
-    never_or_long_ago = or_(UnlearnRequest.enqueued_at.is_(None), UnlearnRequest.enqueued_at <= stale)
+    never_sent = and_(
+        UnlearnRequest.enqueued_at.is_(None),
+        UnlearnRequest.created_at <= now - timedelta(seconds=publish_grace_s),
+    )
+    never_or_long_ago = or_(never_sent, UnlearnRequest.enqueued_at <= stale)
     stmt = (
         select(UnlearnRequest.id)
         .join(

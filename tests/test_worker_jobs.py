@@ -240,8 +240,11 @@ def test_reconciler_candidates(worker_settings, make_request):
     with session_scope(worker_settings) as s:
         jobs.expire_lease_now(s, request_id=crashed)
         found = set(jobs.reconcile_candidates(s, requeue_after_s=300))
-    assert never_sent in found and crashed in found
+        soon = set(jobs.reconcile_candidates(s, now=utcnow() + timedelta(seconds=11), requeue_after_s=300))
+    # Just submitted and not yet published: the API is about to publish it, the reconciler leaves it alone.
+    assert crashed in found and never_sent not in found
     assert not found & {behind, sent, alive}
+    assert never_sent in soon and not soon & {behind, sent, alive}
     # A queued head whose message is older than the threshold is sent again.
     with session_scope(worker_settings) as s:
         later = jobs.reconcile_candidates(s, now=utcnow() + timedelta(seconds=301), requeue_after_s=300)
