@@ -355,7 +355,7 @@ def build_model(
     rows, everything, excluded = training_rows(data_dir, exclude_split)
     key = cache_key(data_dir, recipe, seed, exclude_split)
     say = log or (lambda _msg: None)
-    with _locked(out_dir.with_name(out_dir.name + ".lock")), _torch_threads(threads):
+    with file_lock(out_dir.with_name(out_dir.name + ".lock")), _torch_threads(threads):
         return _build_locked(
             data_dir,
             out_dir,
@@ -502,7 +502,7 @@ def _torch_threads(threads: int | None):
 
 
 @contextlib.contextmanager
-def _locked(lock_file: Path):
+def file_lock(lock_file: Path):
     """An exclusive advisory lock, so concurrent builds of one output wait for each other (POSIX only)."""
     lock_file.parent.mkdir(parents=True, exist_ok=True)
     try:

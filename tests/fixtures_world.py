@@ -9,7 +9,6 @@ A file lock lets concurrent pytest processes share one build.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -43,19 +42,6 @@ def world_root(authors: int = TINY_AUTHORS, seed: int = TINY_SEED, size: str = T
     return CACHE / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-@contextlib.contextmanager
-def _lock(path: Path):
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def ensure_tiny_world(
     exclude_split: str | None = None,
     *,
@@ -64,13 +50,14 @@ def ensure_tiny_world(
     size: str = TINY_SIZE,
 ) -> TinyWorld:
     """The cached world and its target (or, with `exclude_split`, gold) model; built on first call."""
-    from blade_core.build import build_model
+    from blade_core.build import build_model, file_lock
     from blade_core.synth import write_world
 
     root = world_root(authors, seed, size)
+    root.parent.mkdir(parents=True, exist_ok=True)
     data_dir = root / "data"
     model_dir = root / (f"gold-{exclude_split}" if exclude_split else "target")
-    with _lock(root.with_suffix(".lock")):
+    with file_lock(root.with_suffix(".lock")):
         if not (data_dir / "world.json").is_file():
             write_world(data_dir, authors=authors, seed=seed)  # world.json is written last
         # one thread: these models are too small to gain from two, and test machines are often shared
