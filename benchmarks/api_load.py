@@ -473,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
         hello = start_server(["benchmarks.api_load:hello_app"], hello_port, env)
         procs.append(hello)
         api = subprocess.Popen(
-            [sys.executable, "-m", "cli", "api", "--host", host, "--port", str(api_port)],
+            [sys.executable, "-m", "blade_service.cli", "api", "--host", host, "--port", str(api_port)],
             cwd=ROOT,
             env=env,
             start_new_session=True,

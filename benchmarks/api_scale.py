@@ -13,9 +13,10 @@ ANALYZE`, as autovacuum would after such a load. It builds the API once per data
 (`create_app`) and calls it through Starlette's TestClient, so each figure is the API's own cost (routing,
 queries, serialisation) without a network hop, and alternates the two databases call by call so the shared
 box's drifting load weighs on both alike. The dashboard overview is its query function as
-`api/dashboard/views.py` calls it; the `/metrics` scrape drops the collector's 5 s snapshot cache before each
-call, so every scrape queries the database. Each figure is the median of `--calls` calls after two warm-ups;
-the first scrape after start (which folds the history into the process's totals once) is reported apart.
+`blade_service/api/dashboard/views.py` calls it; the `/metrics` scrape drops the collector's 5 s snapshot
+cache before each call, so every scrape queries the database. Each figure is the median of `--calls` calls
+after two warm-ups; the first scrape after start (which folds the history into the process's totals once) is
+reported apart.
 """
 
 from __future__ import annotations
@@ -198,7 +199,7 @@ def seed(db_url: str, *, requests: int, audit_rows: int, tenant_id: str, key_id:
 
 def endpoints(client: Any, app: Any, key: str, tenant_id: str) -> dict[str, Callable[[], Any]]:
     """One call per measured endpoint on this app (see the module doc)."""
-    from api.dashboard.queries import overview
+    from blade_service.api.dashboard.queries import overview
 
     auth = {"Authorization": f"Bearer {key}"}
 
@@ -212,7 +213,7 @@ def endpoints(client: Any, app: Any, key: str, tenant_id: str) -> dict[str, Call
         sep = "&" if "?" in path else "?"
         return lambda: get(f"{path}{sep}cursor={cursor}") if cursor else get(path)
 
-    def dashboard() -> Any:  # as api/dashboard/views.py calls it
+    def dashboard() -> Any:  # as blade_service/api/dashboard/views.py calls it
         with app.state.session_factory() as session:
             return overview(session, tenant_id=tenant_id, totals=app.state.metrics_state.totals)
 
@@ -279,10 +280,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from fastapi.testclient import TestClient
 
-    from api.main import create_app
-    from persistence import auth
-    from persistence.db import dispose_engines, session_factory, upgrade_to_head
-    from persistence.settings import Settings
+    from blade_service.api.main import create_app
+    from blade_service.persistence import auth
+    from blade_service.persistence.db import dispose_engines, session_factory, upgrade_to_head
+    from blade_service.persistence.settings import Settings
 
     key = "bench_" + secrets.token_urlsafe(18)
     broker = args.redis_url if redis_reachable(args.redis_url) else ""

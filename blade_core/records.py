@@ -1,9 +1,9 @@
-"""The dataset record formats live in the torch-free contracts layer (`contracts/records.py`); re-exported
-here for the engine's modules."""
+"""The dataset record formats live in the torch-free contracts layer (`blade_service/contracts/records.py`);
+re-exported here for the engine's modules."""
 
 from __future__ import annotations
 
-from contracts.records import (
+from blade_service.contracts.records import (
     PERTURBED_FIELDS,
     QA_FIELDS,
     TEXT_FIELDS,

@@ -25,8 +25,8 @@ from typing import Any
 
 from blade_core.methods import get_method
 from blade_core.methods.base import Hooks, MethodConfig, RunStatus
-from contracts.methods import PRESETS
-from contracts.params import make_config
+from blade_service.contracts.methods import PRESETS
+from blade_service.contracts.params import make_config
 
 
 @dataclass

@@ -61,7 +61,7 @@ def temporary_database() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     """SQLAlchemy URL of a new empty PostgreSQL database shared by the session's tests, dropped at the end."""
-    from persistence.db import dispose_engines
+    from blade_service.persistence.db import dispose_engines
 
     with temporary_database() as url:
         yield url
@@ -98,7 +98,7 @@ def service_redis() -> Iterator[tuple[str, str]]:
 
 @pytest.fixture(scope="session")
 def service_settings(pg_url, service_redis, tmp_path_factory):
-    from persistence.settings import Settings
+    from blade_service.persistence.settings import Settings
 
     data_dir = tmp_path_factory.mktemp("service-data")
     return Settings(
@@ -117,7 +117,7 @@ def service_settings(pg_url, service_redis, tmp_path_factory):
 def celery_configured_for(settings) -> Iterator[Any]:
     """Point this process's Celery app (`worker.celery_app.app`, what the API publishes with) at the settings'
     broker and result backend, as BLADE_BROKER_URL would at start-up; restore it afterwards."""
-    from worker.celery_app import app, build_config
+    from blade_service.worker.celery_app import app, build_config
 
     wanted = build_config(settings)
     saved = {key: app.conf.get(key) for key in wanted}
@@ -141,7 +141,7 @@ def celery_configured_for(settings) -> Iterator[Any]:
 def api_app(service_settings):
     """The API app on the session's database, publishing to the session's Redis (per test module, so the
     process-wide Celery configuration is put back before other modules run)."""
-    from api.main import create_app
+    from blade_service.api.main import create_app
 
     with celery_configured_for(service_settings):
         yield create_app(service_settings)

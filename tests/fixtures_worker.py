@@ -100,12 +100,12 @@ def fresh_database(prefix: str) -> Iterator[str]:
     url = make_url(maintenance.replace("postgresql://", "postgresql+psycopg://", 1)).set(database=name)
     rendered = url.render_as_string(hide_password=False)
     try:
-        from persistence.db import upgrade_to_head
+        from blade_service.persistence.db import upgrade_to_head
 
         upgrade_to_head(rendered)
         yield rendered
     finally:
-        from persistence.db import dispose_engines
+        from blade_service.persistence.db import dispose_engines
 
         dispose_engines()
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -140,7 +140,7 @@ def redis_urls() -> Iterator[tuple[str, str]]:
 @pytest.fixture(scope="session")
 def worker_settings(worker_pg_url, tmp_path_factory):
     """Settings for calling the worker's functions in the test process (database `worker_pg_url`)."""
-    from persistence.settings import Settings
+    from blade_service.persistence.settings import Settings
 
     data_dir = tmp_path_factory.mktemp("worker-unit")
     return Settings(
@@ -154,7 +154,7 @@ def worker_settings(worker_pg_url, tmp_path_factory):
 
 @pytest.fixture
 def worker_session(worker_settings):
-    from persistence.db import session_factory
+    from blade_service.persistence.db import session_factory
 
     with session_factory(worker_settings)() as session:
         yield session
@@ -205,7 +205,7 @@ class E2EService:
     __test__ = False
 
     def client(self, key: str | None = None):
-        from client import BladeClient
+        from blade_service.client import BladeClient
 
         return BladeClient(self.url, api_key=key or self.admin_key, timeout=60)
 
@@ -214,7 +214,7 @@ class E2EService:
         self.logs[name] = log
         handle = open(log, "ab")  # noqa: SIM115 - the child owns it
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cli", *argv],
+            [sys.executable, "-m", "blade_service.cli", *argv],
             cwd=ROOT,
             env=env or self.env,
             stdout=handle,

@@ -9,8 +9,8 @@ import tarfile
 import pytest
 from sqlalchemy import update
 
-from persistence import registry
-from persistence.models import RequestStatus, UnlearnRequest
+from blade_service.persistence import registry
+from blade_service.persistence.models import RequestStatus, UnlearnRequest
 from tests.fixtures_services import headers, row_counts
 
 pytestmark = pytest.mark.services

@@ -138,8 +138,8 @@ def test_the_dashboard_stack_shows_other_tenants_versions_only_as_existing(api_c
 
 
 def test_generate_names_only_the_tenants_own_adapters_in_its_stack(api_app, shared):
-    from api.adapter_views import stack_refs
-    from persistence import registry
+    from blade_service.api.adapter_views import stack_refs
+    from blade_service.persistence import registry
 
     with api_app.state.session_factory() as session:
         active = registry.effective_stack(session, shared["model"])

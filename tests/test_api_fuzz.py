@@ -41,8 +41,8 @@ EXAMPLES = 6  # per operation and generation mode: the whole run takes about a m
 
 @pytest.fixture(scope="module")
 def fuzz_app(tmp_path_factory):
-    from api.main import create_app
-    from persistence.settings import Settings
+    from blade_service.api.main import create_app
+    from blade_service.persistence.settings import Settings
 
     data_dir = tmp_path_factory.mktemp("fuzz")
     with temporary_database() as url:

@@ -41,7 +41,7 @@ def test_the_last_active_admin_key_cannot_be_revoked(api_client, tenant, make_ke
 
 
 def test_revoked_bootstrap_key_is_reactivated_on_start(api_client, service_settings, caplog):
-    from api.main import create_app
+    from blade_service.api.main import create_app
 
     bootstrap = _me(api_client, ADMIN_SECRET)
     spare = api_client.post(

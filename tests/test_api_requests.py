@@ -9,8 +9,8 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import update
 
-from persistence import requests
-from persistence.models import RequestStatus, TrainingEvent, UnlearnRequest, utcnow
+from blade_service.persistence import requests
+from blade_service.persistence.models import RequestStatus, TrainingEvent, UnlearnRequest, utcnow
 from tests.fixtures_services import headers, qa_rows, register_model, row_counts, upload_dataset
 
 pytestmark = pytest.mark.services
@@ -265,7 +265,7 @@ def test_total_matches_what_the_worker_plans(tmp_path):
     from blade_core.methods import service_preset
     from blade_core.methods._loop import schedule
     from blade_core.unlearn import build_config
-    from worker.training import planned_steps as _planned_steps
+    from blade_service.worker.training import planned_steps as _planned_steps
 
     forget = tmp_path / "forget.jsonl"
     forget.write_text("".join(json.dumps(r) + "\n" for r in qa_rows(40)))

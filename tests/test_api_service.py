@@ -59,7 +59,7 @@ def test_openapi_docs_are_served(api_client):
 
 
 def test_bootstrap_admin_key_is_created_once(api_app, admin_key, api_client):
-    from persistence import auth
+    from blade_service.persistence import auth
 
     me = api_client.get("/me", headers=headers(admin_key)).json()
     assert me["tenant"] == "default" and me["scopes"] == ["admin"]
@@ -86,8 +86,8 @@ def test_the_api_process_never_imports_torch(tmp_path):
     code = textwrap.dedent(f"""
         import sys
         from fastapi.testclient import TestClient
-        from api.main import create_app
-        from persistence.settings import Settings
+        from blade_service.api.main import create_app
+        from blade_service.persistence.settings import Settings
         app = create_app(Settings(data_dir=r"{tmp_path}", bootstrap_admin_key="blade_k"))
         c = TestClient(app)
         h = {{"Authorization": "Bearer blade_k"}}

@@ -10,8 +10,8 @@ import psycopg
 import pytest
 from sqlalchemy import event, select, update
 
-from persistence.auth import hash_key
-from persistence.models import ApiKey, RequestStatus, TrainingEvent, UnlearnRequest, utcnow
+from blade_service.persistence.auth import hash_key
+from blade_service.persistence.models import ApiKey, RequestStatus, TrainingEvent, UnlearnRequest, utcnow
 from tests.fixtures_services import headers
 
 pytestmark = pytest.mark.services
@@ -110,7 +110,7 @@ def test_a_revoked_key_is_refused_at_once_even_when_cached(api_client, api_app, 
 def test_a_racing_lookup_cannot_cache_a_key_being_revoked(api_app, api_client, tenant, make_key):
     from sqlalchemy import select
 
-    from persistence.models import ApiKey
+    from blade_service.persistence.models import ApiKey
 
     reader = make_key(tenant.name, ["read"])
     cache = api_app.state.key_cache
@@ -143,7 +143,7 @@ def test_metrics_totals_fold_history_once_and_count_each_row_once(api_client, ap
     are folded in once, newer ones re-read; later reads neither lose nor double-count a row."""
     from datetime import timedelta
 
-    from api.observability import HISTORY_LAG, HistoryTotals
+    from blade_service.api.observability import HISTORY_LAG, HistoryTotals
 
     ids = [_submit(api_client, ready)["id"] for _ in range(3)]
     now = utcnow()

@@ -51,7 +51,7 @@ def test_scopes(api_client, tenant, make_key, ready):
 def test_keys_are_stored_hashed_and_can_be_revoked(api_client, tenant, db_session):
     from sqlalchemy import select
 
-    from persistence.models import ApiKey
+    from blade_service.persistence.models import ApiKey
 
     created = api_client.post(
         "/api-keys", headers=headers(tenant.admin), json={"name": "ci", "scopes": ["read", "submit"]}

@@ -10,9 +10,9 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import sessionmaker
 
-from persistence import audit, audit_heads
-from persistence.db import make_engine, upgrade_to_head
-from persistence.models import GENESIS_HASH, AuditEntry
+from blade_service.persistence import audit, audit_heads
+from blade_service.persistence.db import make_engine, upgrade_to_head
+from blade_service.persistence.models import GENESIS_HASH, AuditEntry
 
 
 def _factory(url: str):
@@ -192,8 +192,8 @@ def audit_api(fresh_pg_url, tmp_path):
     """The API on a database of its own (these tests tamper with it), with a bootstrap admin key."""
     from fastapi.testclient import TestClient
 
-    from api.main import create_app
-    from persistence.settings import Settings
+    from blade_service.api.main import create_app
+    from blade_service.persistence.settings import Settings
 
     settings = Settings(
         data_dir=tmp_path,
@@ -293,9 +293,9 @@ def test_a_forged_signed_head_is_refused(audit_api, tmp_path):
 
 
 def test_the_reconciler_signs_the_head_periodically(fresh_pg_url, tmp_path):
-    from persistence.settings import Settings
-    from persistence.storage import get_storage
-    from worker.reconcile_task import _sign_audit_head
+    from blade_service.persistence.settings import Settings
+    from blade_service.persistence.storage import get_storage
+    from blade_service.worker.reconcile_task import _sign_audit_head
 
     settings = Settings(data_dir=tmp_path, database_url=fresh_pg_url, storage_root=tmp_path / "artifacts")
     engine, factory = _factory(fresh_pg_url)
@@ -325,7 +325,7 @@ def _list_keys_checks(store) -> None:
 
 
 def test_storage_lists_the_signed_heads_local(tmp_path):
-    from persistence.storage import LocalStorage
+    from blade_service.persistence.storage import LocalStorage
 
     _list_keys_checks(LocalStorage(tmp_path / "store"))
 
@@ -334,7 +334,7 @@ def test_storage_lists_the_signed_heads_s3(monkeypatch):
     import boto3
     import moto
 
-    from persistence.storage import S3Storage
+    from blade_service.persistence.storage import S3Storage
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
@@ -348,8 +348,8 @@ def test_the_reconciler_exports_whether_the_chain_verifies(fresh_pg_url, tmp_pat
     """`blade_audit_chain_ok` (alerts.yml pages on 0): 1 for an intact chain, 0 once an entry is altered."""
     from prometheus_client import REGISTRY
 
-    import worker.reconcile_task as tasks
-    from persistence.settings import Settings
+    import blade_service.worker.reconcile_task as tasks
+    from blade_service.persistence.settings import Settings
 
     settings = Settings(
         data_dir=tmp_path,

@@ -19,7 +19,7 @@ import pytest
 
 from blade_core import bench
 from blade_core.bench_select import choose
-from cli.main import main
+from blade_service.cli.main import main
 
 CONTRACT_ROW_KEYS = {
     "method",

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from blade_core.bench_stream import author_blocks, scaled_sets, sequential_groups
-from cli.main import main
+from blade_service.cli.main import main
 from tests.fixtures_world import ensure_tiny_world
 
 

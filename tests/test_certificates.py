@@ -14,8 +14,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from persistence import signing
-from persistence.certificates import (
+from blade_service.persistence import signing
+from blade_service.persistence.certificates import (
     STATEMENT,
     assemble_certificate,
     canonical_json,
@@ -142,7 +142,7 @@ def test_each_metric_carries_its_interpretation():
 
 
 def test_installation_key_is_created_once_private_and_reused(tmp_path):
-    from persistence.settings import Settings
+    from blade_service.persistence.settings import Settings
 
     settings = Settings(data_dir=tmp_path / "data", certificate_signing_key="")
     with pytest.raises(FileNotFoundError):
@@ -160,7 +160,7 @@ def test_installation_key_is_created_once_private_and_reused(tmp_path):
 
 
 def test_cli_verifies_with_a_public_key_or_a_keys_file(tmp_path, capsys):
-    from cli.main import main
+    from blade_service.cli.main import main
 
     path = tmp_path / "cert.json"
     path.write_text(json.dumps(sign_certificate(sample_doc(), KEY)))
@@ -190,7 +190,7 @@ def test_cli_verifies_with_a_public_key_or_a_keys_file(tmp_path, capsys):
 
 
 def test_cli_says_when_a_valid_certificate_did_not_converge(tmp_path, capsys):
-    from cli.main import main
+    from blade_service.cli.main import main
 
     convergence = {"converged": False, "note": "Not converged: the run stopped at its step cap of 3"}
     path = tmp_path / "cert.json"
@@ -204,7 +204,7 @@ def test_cli_says_when_a_valid_certificate_did_not_converge(tmp_path, capsys):
 
 def run_to_success(api_app, request_id: str, *, epsilon: float = 0.5, run_status: str = "converged") -> str:
     """Take a submitted request through the worker state machine: claim, steps, metrics, adapter, success."""
-    from persistence import jobs, registry
+    from blade_service.persistence import jobs, registry
 
     owner = "cert-test@worker"
     with api_app.state.session_factory() as session, session.begin():
@@ -292,7 +292,7 @@ def test_certificate_is_issued_once_stored_and_verifiable(api_client, api_app, r
     assert cert["audit_chain_head"]["chain_intact"] is True and len(cert["audit_chain_head"]["hash"]) == 64
     signed_head = cert["audit_chain_head"]["signed_head"]  # kept outside the table: a cut log is detected
     assert signed_head["head_hash"] == cert["audit_chain_head"]["hash"]
-    from persistence.audit_heads import verify_head_signature
+    from blade_service.persistence.audit_heads import verify_head_signature
 
     assert verify_head_signature(signed_head, _published(api_client))
     assert "not proof" in cert["statement"]
@@ -300,7 +300,7 @@ def test_certificate_is_issued_once_stored_and_verifiable(api_client, api_app, r
     # The CLI checks what the API served with nothing but the published public key.
     path = tmp_path / "cert.json"
     path.write_text(resp.text)
-    from cli.main import main
+    from blade_service.cli.main import main
 
     public = _published(api_client)[cert["signature"]["key_id"]]
     assert main(["verify-certificate", str(path), "--public-key", public]) == 0

@@ -1,6 +1,6 @@
-"""The client verbs (`cli/client_verbs.py`) and `client.BladeClient` against the real API app and PostgreSQL:
-a method and a verb for every route, lists that page transparently, `--wait` progress and summary, `--events`
-as a table, adapter download as an extracted PEFT dir, the banner's key lines."""
+"""The client verbs (`blade_service/cli/client_verbs.py`) and `client.BladeClient` against the real API app
+and PostgreSQL: a method and a verb for every route, lists that page transparently, `--wait` progress and
+summary, `--events` as a table, adapter download as an extracted PEFT dir, the banner's key lines."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import time
 import pytest
 from sqlalchemy import update
 
-from cli import client_verbs
-from cli.main import build_parser, main
-from cli.service import admin_key_lines
-from client import BladeClient, http
-from persistence.models import RequestStatus, TrainingEvent, UnlearnRequest, utcnow
+from blade_service.cli import client_verbs
+from blade_service.cli.main import build_parser, main
+from blade_service.cli.service import admin_key_lines
+from blade_service.client import BladeClient, http
+from blade_service.persistence.models import RequestStatus, TrainingEvent, UnlearnRequest, utcnow
 from tests.fixtures_services import headers, qa_rows, upload_dataset
 from tests.fixtures_worker import wait_until
 from tests.test_api_adapters import succeed_with_adapter

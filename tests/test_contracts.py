@@ -1,4 +1,5 @@
-"""The contracts layer: a method's parameter is declared once (contracts/methods), every entry point follows.
+"""The contracts layer: a method's parameter is declared once (blade_service/contracts/methods), every entry
+point follows.
 
 For every field of every method: the API's validator and `blade unlearn --set` accept it with the same type
 coercion and give the same error for an out-of-range value; a field added to a config class reaches the API,
@@ -17,11 +18,18 @@ import pytest
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 
-from cli.unlearn import parse_overrides
-from contracts.errors import ParamError
-from contracts.methods import CONFIGS, METHOD_NAMES, BladeConfig
-from contracts.methods.base import CONFIG
-from contracts.params import _kind, describe, make_config, params_schema, tunable_fields, validate_params
+from blade_service.cli.unlearn import parse_overrides
+from blade_service.contracts.errors import ParamError
+from blade_service.contracts.methods import CONFIGS, METHOD_NAMES, BladeConfig
+from blade_service.contracts.methods.base import CONFIG
+from blade_service.contracts.params import (
+    _kind,
+    describe,
+    make_config,
+    params_schema,
+    tunable_fields,
+    validate_params,
+)
 
 FIELDS = [(method, name) for method in METHOD_NAMES for name in tunable_fields(CONFIGS[method])]
 
@@ -164,22 +172,23 @@ def test_the_blade_cross_check_names_the_field_everywhere():
 
 def test_contracts_load_no_torch_and_the_worker_names_are_theirs():
     code = (
-        "import sys, contracts.params, contracts.names, contracts.errors\n"
+        "import sys\n"
+        "from blade_service.contracts import errors, names, params\n"
         "assert not {'torch', 'transformers', 'peft', 'blade_core'} & set(sys.modules), sorted(sys.modules)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
-    import contracts.names
-    import worker.names
+    from blade_service.contracts import names as contract_names
+    from blade_service.worker import names as worker_names
 
-    assert worker.names.TaskName is contracts.names.TaskName and worker.names.ROUTES is contracts.names.ROUTES
+    assert worker_names.TaskName is contract_names.TaskName and worker_names.ROUTES is contract_names.ROUTES
 
 
 def test_the_openapi_document_has_one_params_schema_per_method(tmp_path):
     from fastapi.testclient import TestClient
     from openapi_spec_validator import validate
 
-    from api.main import create_app
-    from persistence.settings import Settings
+    from blade_service.api.main import create_app
+    from blade_service.persistence.settings import Settings
 
     doc = TestClient(create_app(Settings(data_dir=tmp_path))).get("/openapi.json").json()
     validate(doc)
@@ -194,7 +203,7 @@ def test_the_openapi_document_has_one_params_schema_per_method(tmp_path):
 
 
 def test_blade_submit_set_reads_values_as_blade_unlearn_set_does():
-    from cli.client_verbs import _parse_sets
+    from blade_service.cli.client_verbs import _parse_sets
 
     items = [
         "lambda_max=none",

@@ -171,7 +171,7 @@ def test_dashboard_actions_need_the_session_and_its_csrf_token(api_client, ready
 def test_sign_out_revocation_and_expiry_end_the_session(api_client, api_app, ready, make_key):
     from sqlalchemy import update
 
-    from persistence.models import DashboardSession, utcnow
+    from blade_service.persistence.models import DashboardSession, utcnow
 
     client = signed_in(api_client, ready.tenant.admin)
     token = csrf_of(client)

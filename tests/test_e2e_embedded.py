@@ -35,7 +35,7 @@ def _demo_data(directory: Path) -> Path:
 
 
 def test_blade_up_serves_a_request_end_to_end(tiny_model_dir, tmp_path):
-    from client import BladeClient
+    from blade_service.client import BladeClient
 
     port = free_port()
     key = "blade_up_test_key_0123456789"

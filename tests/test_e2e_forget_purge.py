@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from persistence import webhooks
-from persistence.certificates import verify_certificate
+from blade_service.persistence import webhooks
+from blade_service.persistence.certificates import verify_certificate
 from tests.fixtures_worker import jsonl, retain_rows, wait_until
 from tests.test_webhooks import Receiver
 

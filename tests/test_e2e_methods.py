@@ -44,7 +44,7 @@ def _load_adapter(c, adapter_id: str, tiny_model_dir, dest):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from persistence.storage import extract_archive
+    from blade_service.persistence.storage import extract_archive
 
     archive = c.request("GET", f"/adapters/{adapter_id}/download")
     extract_archive(io.BytesIO(archive), dest)
@@ -84,7 +84,7 @@ def test_every_method_trains_a_stackable_lora_adapter(e2e_logs, world, tiny_mode
 
 
 def test_a_full_parameter_request_is_refused_naming_the_field(e2e_logs, world):
-    from client.http import ApiError
+    from blade_service.client.http import ApiError
 
     with e2e_logs.client() as c, pytest.raises(ApiError) as info:
         c.submit(

@@ -181,7 +181,7 @@ def test_cli_client_verbs(e2e_logs, world, tmp_path):
 
     def blade(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "cli", *args],
+            [sys.executable, "-m", "blade_service.cli", *args],
             cwd=ROOT,
             env=env,
             capture_output=True,

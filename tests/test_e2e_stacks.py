@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from client.http import ApiError
+from blade_service.client.http import ApiError
 from tests.fixtures_worker import forget_rows, jsonl, retain_rows, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]

@@ -22,7 +22,7 @@ QUICK = {"max_steps": 2, "early_stop": False, "inner_steps": 1, "max_length": 64
 
 
 def test_gate_compaction_and_export_on_blade_up(tiny_model_dir, tmp_path):
-    from client import BladeClient
+    from blade_service.client import BladeClient
 
     port, key = free_port(), "blade_up_stacks_key_0123456789"
     env = {k: v for k, v in os.environ.items() if not k.startswith("BLADE_")}
@@ -45,7 +45,7 @@ def test_gate_compaction_and_export_on_blade_up(tiny_model_dir, tmp_path):
     ]
     argv += ["--demo-data", str(_demo_data(tmp_path / "demo-data"))]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", *argv],
+        [sys.executable, "-m", "blade_service.cli", *argv],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from client.http import ApiError
+from blade_service.client.http import ApiError
 from tests.fixtures_worker import jsonl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.services, pytest.mark.timeout(400)]
@@ -46,7 +46,7 @@ def _qa(prefix: str, n: int) -> list[dict[str, str]]:
 def test_request_presets_match_the_engine():
     from blade_core.methods import METHOD_NAMES
     from blade_core.unlearn import presets_of
-    from persistence.requests import PRESET_MAX_STEPS, REQUEST_PRESETS
+    from blade_service.persistence.requests import PRESET_MAX_STEPS, REQUEST_PRESETS
 
     for method in METHOD_NAMES:
         assert set(REQUEST_PRESETS[method]) <= set(presets_of(method)), method

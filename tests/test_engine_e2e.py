@@ -12,7 +12,7 @@ from blade_core.data import collate, load_tokenized
 from blade_core.lora import load_with_stack
 from blade_core.losses import token_cross_entropy
 from blade_core.unlearn import run_unlearning
-from cli.main import main
+from blade_service.cli.main import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -265,7 +265,7 @@ def test_request_metrics_text_rows(world):
 def test_blade_eval_cli(world, tmp_path, capsys):
     from blade_core.lora import attach_adapter, save_adapter
     from blade_core.methods.base import MethodConfig
-    from cli.main import main
+    from blade_service.cli.main import main
 
     d, tok, model, untrained, _ = world
     model.save_pretrained(str(tmp_path / "model"), safe_serialization=True)

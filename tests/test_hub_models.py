@@ -18,8 +18,8 @@ from typing import ClassVar
 
 import pytest
 
-from persistence import hub
-from persistence.errors import Invalid
+from blade_service.persistence import hub
+from blade_service.persistence.errors import Invalid
 from tests.fixtures_services import headers
 
 MAIN = "a" * 40  # the commit refs/main points at
@@ -239,11 +239,11 @@ def hub_home(tmp_path_factory) -> Path:
 WORKER_SCRIPT = r"""
 import json, sys, torch
 from blade_core.modeling import load_model, load_tokenizer
-from persistence.settings import Settings
-from persistence.storage import get_storage
-from worker.stacks import base_reference
-from worker.artifacts import resolve_base_model
-from worker.errors import TaskFailure
+from blade_service.persistence.settings import Settings
+from blade_service.persistence.storage import get_storage
+from blade_service.worker.stacks import base_reference
+from blade_service.worker.artifacts import resolve_base_model
+from blade_service.worker.errors import TaskFailure
 
 settings = Settings(data_dir=sys.argv[1])
 storage = get_storage(settings)
@@ -305,11 +305,11 @@ def test_the_worker_loads_a_hub_model_from_the_hub_cache(hub_home, tmp_path):
 
 TASK_SCRIPT = r"""
 import hashlib, json, sys, time, uuid
-from persistence.db import session_scope
-from persistence.models import BaseModel, Dataset, Tenant, UnlearnRequest
-from persistence.settings import get_settings
-from persistence.storage import get_storage
-from worker.unlearn_task import unlearn
+from blade_service.persistence.db import session_scope
+from blade_service.persistence.models import BaseModel, Dataset, Tenant, UnlearnRequest
+from blade_service.persistence.settings import get_settings
+from blade_service.persistence.storage import get_storage
+from blade_service.worker.unlearn_task import unlearn
 
 settings = get_settings()
 data = b'{"question": "q", "answer": "a"}\n'

@@ -7,9 +7,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from persistence import key_revocations
-from persistence.auth import KeyCache, hash_key
-from persistence.models import ApiKey, utcnow
+from blade_service.persistence import key_revocations
+from blade_service.persistence.auth import KeyCache, hash_key
+from blade_service.persistence.models import ApiKey, utcnow
 from tests.fixtures_services import headers
 from tests.fixtures_worker import wait_until
 

@@ -83,7 +83,7 @@ def test_essentially_unchanged_is_a_delta_below_the_threshold():
 
 
 def _unlearn(world, out, *extra):
-    from cli.main import main
+    from blade_service.cli.main import main
 
     return main(
         [
@@ -126,7 +126,9 @@ def test_blade_unlearn_applies_the_rule_and_warns_when_nothing_was_forgotten(tin
     assert run["forget_prob"]["essentially_unchanged"] and len(run["warnings"]) == 1
     assert "blade unlearn: warning: forget Prob essentially unchanged" in capsys.readouterr().err
 
-    from worker.training import run_notes as _run_notes  # what the worker stores with the adapter version
+    from blade_service.worker.training import (
+        run_notes as _run_notes,  # what the worker stores with the adapter version
+    )
 
     notes = _run_notes(tmp_path / "b")
     assert notes["lr_rule"]["explicit"] == ["eta_in", "eta_out"] and notes["warnings"] == run["warnings"]

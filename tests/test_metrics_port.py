@@ -19,7 +19,7 @@ def _free_port() -> int:
 def test_metrics_move_to_their_own_port(service_settings):
     from fastapi.testclient import TestClient
 
-    from api.main import create_app
+    from blade_service.api.main import create_app
 
     port = _free_port()
     settings = service_settings.model_copy(update={"metrics_port": port})

@@ -7,8 +7,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 
-from persistence.db import current_revision, make_engine, upgrade_to_head
-from persistence.models import Base
+from blade_service.persistence.db import current_revision, make_engine, upgrade_to_head
+from blade_service.persistence.models import Base
 
 
 def _upgrade_and_compare(url: str) -> None:
@@ -40,7 +40,7 @@ def test_upgrade_empty_sqlite(tmp_path):
 def test_downgrade_and_upgrade_again_on_sqlite(tmp_path):
     from alembic import command
 
-    from persistence.db import alembic_config
+    from blade_service.persistence.db import alembic_config
 
     url = f"sqlite:///{tmp_path / 'blade.db'}"
     upgrade_to_head(url)
@@ -53,13 +53,14 @@ def test_downgrade_and_upgrade_again_on_sqlite(tmp_path):
 
 
 def test_alembic_cli_config_works_from_the_repo(tmp_path, monkeypatch):
-    """`alembic -c migrations/alembic.ini upgrade head` with the URL from Settings (BLADE_DATABASE_URL)."""
+    """`alembic -c blade_service/migrations/alembic.ini upgrade head` with the URL from Settings
+    (BLADE_DATABASE_URL)."""
     from pathlib import Path
 
     from alembic import command
     from alembic.config import Config
 
-    import persistence.settings as settings_module
+    import blade_service.persistence.settings as settings_module
 
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     monkeypatch.setenv("BLADE_DATABASE_URL", url)

@@ -54,7 +54,7 @@ def scrape(api_client, api_app) -> Samples:
 
 @pytest.mark.services
 def test_metrics_follow_a_request_through_its_life(api_client, api_app, ready):
-    from persistence import jobs, registry
+    from blade_service.persistence import jobs, registry
 
     before = scrape(api_client, api_app)
     assert all(k[0].startswith(("blade_", "python_", "process_")) or not k[0] for k in before)
@@ -168,7 +168,7 @@ def test_http_latency_is_recorded_by_route_template(api_client, api_app, ready):
 def test_worker_training_metrics_in_process():
     from prometheus_client import REGISTRY, generate_latest
 
-    from worker import observability as obs
+    from blade_service.worker import observability as obs
 
     rid = f"req_{uuid.uuid4().hex}"
     for step in (1, 2, 3):
@@ -201,10 +201,10 @@ def test_a_real_worker_serves_its_metrics(e2e, tmp_path):
     """A Celery worker (prefork, as in production) with BLADE_WORKER_METRICS_PORT: its tasks show up there."""
     import httpx
 
-    from persistence.settings import Settings
+    from blade_service.persistence.settings import Settings
+    from blade_service.worker.celery_app import make_celery
+    from blade_service.worker.names import TaskName
     from tests.fixtures_worker import free_port, stop_process, tail, wait_until
-    from worker.celery_app import make_celery
-    from worker.names import TaskName
 
     port = free_port()
     queue = f"obs-{uuid.uuid4().hex[:6]}"  # only this worker consumes it
@@ -217,7 +217,7 @@ def test_a_real_worker_serves_its_metrics(e2e, tmp_path):
                 "-m",
                 "celery",
                 "-A",
-                "worker.celery_app:app",
+                "blade_service.worker.celery_app:app",
                 "worker",
                 "-Q",
                 queue,
@@ -278,7 +278,7 @@ def test_a_real_worker_serves_its_metrics(e2e, tmp_path):
 
 
 def test_json_lines_carry_bound_ids_and_extras():
-    from persistence.jsonlog import bind, configure_logging, log_event
+    from blade_service.persistence.jsonlog import bind, configure_logging, log_event
 
     stream = io.StringIO()
     root = logging.getLogger()
@@ -310,7 +310,12 @@ def test_celery_publish_puts_the_ids_in_task_headers():
     """Publishing a task through a real Celery app (in-memory broker): the ids ride in the message headers."""
     from celery import Celery, signals
 
-    from persistence.jsonlog import HEADER_REQUEST_ID, HEADER_TRACE_ID, bind, connect_celery_signals
+    from blade_service.persistence.jsonlog import (
+        HEADER_REQUEST_ID,
+        HEADER_TRACE_ID,
+        bind,
+        connect_celery_signals,
+    )
 
     connect_celery_signals()
     seen: list[dict[str, Any]] = []

@@ -9,8 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 from openapi_spec_validator import validate
 
-from api.main import create_app
-from persistence.settings import Settings
+from blade_service.api.main import create_app
+from blade_service.persistence.settings import Settings
 
 PUBLIC_PATHS = {"/healthz", "/readyz", "/certificate-keys"}  # answer without an API key
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from api.pagination import decode_cursor, encode_cursor
-from persistence.errors import Invalid
+from blade_service.api.pagination import decode_cursor, encode_cursor
+from blade_service.persistence.errors import Invalid
 from tests.fixtures_services import headers, qa_rows, register_model, upload_dataset
 from tests.test_api_adapters import succeed_with_adapter
 

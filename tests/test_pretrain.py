@@ -21,7 +21,7 @@ from blade_core.modeling import (
 )
 from blade_core.pretrain import TWO_STAGE, BaseRecipe, FinetuneRecipe, TwoStage, _linear, corpus_texts
 from blade_core.synth import pretrain_corpus, world_summary, write_world
-from cli.main import main
+from blade_service.cli.main import main
 
 # One epoch of each stage on a 6-person corpus: exercises every path of a two-stage build in seconds.
 TINY = TwoStage(

@@ -8,10 +8,10 @@ import uuid
 import pytest
 from sqlalchemy import select
 
-from persistence import audit, auth, base_models, datasets, registry, requests
-from persistence.errors import Invalid, NotFound
-from persistence.models import AdapterState, AuditEntry, RequestStatus
-from persistence.storage import LocalStorage
+from blade_service.persistence import audit, auth, base_models, datasets, registry, requests
+from blade_service.persistence.errors import Invalid, NotFound
+from blade_service.persistence.models import AdapterState, AuditEntry, RequestStatus
+from blade_service.persistence.storage import LocalStorage
 from tests.fixtures_services import jsonl, qa_rows
 
 pytestmark = pytest.mark.services

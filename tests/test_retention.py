@@ -1,6 +1,6 @@
-"""The forget data does not outlive its request (persistence/retention.py) on the real PostgreSQL:
-`DELETE /datasets/{id}` (409 while a queued or running request uses it), the automatic purge after a
-success (default: at once) and after a failure (default: days later), per-model retention, what remains
+"""The forget data does not outlive its request (blade_service/persistence/retention.py) on the real
+PostgreSQL: `DELETE /datasets/{id}` (409 while a queued or running request uses it), the automatic purge after
+a success (default: at once) and after a failure (default: days later), per-model retention, what remains
 (sha256, row count, the certificate), every purge audited, and a purged dataset refused for a new request."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from datetime import timedelta
 
 import pytest
 
-from persistence import retention
-from persistence.models import Dataset, UnlearnRequest
+from blade_service.persistence import retention
+from blade_service.persistence.models import Dataset, UnlearnRequest
 from tests.fixtures_services import headers
 from tests.test_certificates import run_to_success
 
@@ -95,7 +95,7 @@ def test_forget_data_is_purged_right_after_success(api_client, api_app, ready, s
 def test_failed_request_keeps_forget_data_for_days_and_models_can_keep_it_longer(
     api_client, api_app, ready, service_settings
 ):
-    from persistence import jobs
+    from blade_service.persistence import jobs
 
     request_id = _submit(api_client, ready)
     with api_app.state.session_factory() as session, session.begin():

@@ -29,7 +29,7 @@ def test_every_method_trains_a_lora_adapter_that_stacks(tiny_model_dir, tmp_path
 
     from blade_core.lora import check_adapter_dir, load_with_stack
     from blade_core.unlearn import run_unlearning
-    from worker.training import service_config_preset as _service_config_preset
+    from blade_service.worker.training import service_config_preset as _service_config_preset
 
     forget = write_rows(tmp_path / "forget.jsonl", forget_rows())
     retain = write_rows(tmp_path / "retain.jsonl", retain_rows())
@@ -69,8 +69,8 @@ def test_every_method_trains_a_lora_adapter_that_stacks(tiny_model_dir, tmp_path
 
 
 def test_the_service_refuses_a_full_parameter_run():
-    from worker.errors import TaskFailure
-    from worker.training import service_config_preset as _service_config_preset
+    from blade_service.worker.errors import TaskFailure
+    from blade_service.worker.training import service_config_preset as _service_config_preset
 
     with pytest.raises(TaskFailure) as info:
         _service_config_preset("grad_diff", {"use_lora": False})
@@ -81,7 +81,7 @@ def test_the_service_refuses_a_full_parameter_run():
 
 
 def test_a_training_failure_is_never_called_a_missing_base_model(tmp_path):
-    from worker.errors import classify as _classify
+    from blade_service.worker.errors import classify as _classify
 
     adapter_missing = FileNotFoundError(
         f"{tmp_path}/adapter: not a PEFT adapter directory (missing adapter_config.json)"

@@ -6,10 +6,16 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from persistence import policy, registry
-from persistence.errors import Conflict, Invalid
-from persistence.models import AdapterState, AuditEntry, BaseModel, RequestStatus, UnlearnRequest
-from persistence.storage import LocalStorage
+from blade_service.persistence import policy, registry
+from blade_service.persistence.errors import Conflict, Invalid
+from blade_service.persistence.models import (
+    AdapterState,
+    AuditEntry,
+    BaseModel,
+    RequestStatus,
+    UnlearnRequest,
+)
+from blade_service.persistence.storage import LocalStorage
 from tests.fixtures_services import headers
 from tests.test_dashboard_pages import signed_in
 from tests.test_registry import World
@@ -194,8 +200,8 @@ def test_reconciler_republishes_lost_compactions_and_fails_dead_ones(
 ):
     from datetime import timedelta
 
-    from persistence.models import StackOperation, utcnow
-    from worker import dispatch, stacks
+    from blade_service.persistence.models import StackOperation, utcnow
+    from blade_service.worker import dispatch, stacks
 
     sent: list[str] = []
     monkeypatch.setattr(dispatch, "enqueue_compact", lambda op_id: sent.append(op_id) or True)

@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from persistence.storage import (
+from blade_service.persistence.storage import (
     InvalidKey,
     LocalStorage,
     ObjectNotFound,
@@ -111,7 +111,7 @@ def test_unpacking_refuses_paths_out_of_the_destination(store, tmp_path):
 
 
 def test_get_storage_picks_the_backend(tmp_path):
-    from persistence.settings import Settings
+    from blade_service.persistence.settings import Settings
 
     local = get_storage(Settings(data_dir=tmp_path))
     assert isinstance(local, LocalStorage) and local.root == (tmp_path / "artifacts").resolve()

@@ -19,7 +19,7 @@ from blade_core.synth import (
     world_summary,
     write_world,
 )
-from cli.main import main
+from blade_service.cli.main import main
 
 CONTRACT_FILES = (
     "forget01_perturbed.json",

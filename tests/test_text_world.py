@@ -9,7 +9,7 @@ import re
 import pytest
 
 from blade_core.text_world import generate, read_world, write_text_world
-from cli.main import main
+from blade_service.cli.main import main
 
 
 def test_news_world_is_deterministic_and_entangled(tmp_path):

@@ -1,7 +1,7 @@
-"""Webhooks (persistence/webhooks.py) on the real PostgreSQL with a real HTTP receiver: endpoints refused
-on loopback unless the operator allows it, HMAC-signed JSON with a timestamp on terminal request states and
-adapter state changes, retries with exponential backoff until delivered, the delivery log through the API,
-tenants apart, and the loopback check repeated at delivery time."""
+"""Webhooks (blade_service/persistence/webhooks.py) on the real PostgreSQL with a real HTTP receiver:
+endpoints refused on loopback unless the operator allows it, HMAC-signed JSON with a timestamp on terminal
+request states and adapter state changes, retries with exponential backoff until delivered, the delivery log
+through the API, tenants apart, and the loopback check repeated at delivery time."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from persistence import webhooks
-from persistence.models import Tenant, WebhookDelivery, WebhookEndpoint, utcnow
+from blade_service.persistence import webhooks
+from blade_service.persistence.models import Tenant, WebhookDelivery, WebhookEndpoint, utcnow
 from tests.fixtures_services import headers
 from tests.test_certificates import run_to_success
 
@@ -181,7 +181,7 @@ def test_signed_events_with_backoff_retries_and_a_delivery_log(
 
 
 def test_loopback_is_checked_again_when_sending(api_app, tenant, receiver, service_settings):
-    from persistence import audit
+    from blade_service.persistence import audit
 
     with api_app.state.session_factory() as session, session.begin():
         tenant_id = session.scalars(select(Tenant.id).where(Tenant.name == tenant.name)).one()

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from persistence.settings import Settings
+from blade_service.persistence.settings import Settings
+from blade_service.worker.celery_app import build_config
+from blade_service.worker.names import ROUTES, Queue, TaskName
 from tests.fixtures_worker import ROOT
 from tests.tiers import unavailable
-from worker.celery_app import build_config
-from worker.names import ROUTES, Queue, TaskName
 
 
 def test_delivery_semantics_on_redis(tmp_path):
@@ -54,7 +54,7 @@ def test_every_task_has_a_route():
 
 
 def test_worker_command_lines():
-    from cli.service import worker_argv
+    from blade_service.cli.service import worker_argv
 
     gpu = worker_argv(
         queues=["unlearn"],
@@ -80,7 +80,7 @@ def test_worker_command_lines():
 
 
 def test_storage_keys():
-    from worker.artifacts import adapter_key, checkpoint_key, checkpoint_step
+    from blade_service.worker.artifacts import adapter_key, checkpoint_key, checkpoint_step
 
     assert adapter_key(base_model_id="bm_1", request_id="req_2") == "adapters/bm_1/req_2.tar.gz"
     key = checkpoint_key(request_id="req_2", step=30)
@@ -98,7 +98,8 @@ def _run(code: str, env: dict[str, str] | None = None, timeout: float = 60) -> s
 
 def test_api_side_never_imports_torch(tmp_path):
     code = (
-        "import sys, worker.celery_app, worker.dispatch, worker.names, client, persistence.jobs\n"
+        "import sys, blade_service.worker.celery_app, blade_service.worker.dispatch\n"
+        "import blade_service.worker.names, blade_service.client, blade_service.persistence.jobs\n"
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]\n"
         "print('ok')"
     )
@@ -107,7 +108,7 @@ def test_api_side_never_imports_torch(tmp_path):
 
 
 def test_enqueue_with_the_broker_down_leaves_the_request_to_the_reconciler(tmp_path):
-    code = "from worker.dispatch import enqueue_unlearn\nprint(enqueue_unlearn('req_x'))"
+    code = "from blade_service.worker.dispatch import enqueue_unlearn\nprint(enqueue_unlearn('req_x'))"
     done = _run(
         code,
         {
@@ -130,7 +131,7 @@ def test_generate_waits_a_bounded_time_when_no_worker_answers(tmp_path):
     except redis.exceptions.ConnectionError:
         unavailable("no Redis at 127.0.0.1:6379")
     code = (
-        "from worker.dispatch import generate, GenerateTimeout\n"
+        "from blade_service.worker.dispatch import generate, GenerateTimeout\n"
         "try:\n    generate('m', 'p', 4, timeout=1.5)\nexcept GenerateTimeout as e:\n"
         "    print('timeout', e.code)"
     )

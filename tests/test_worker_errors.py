@@ -9,10 +9,10 @@ import uuid
 import pytest
 import torch
 
-from contracts.errors import BaseModelUnavailable
-from contracts.records import DatasetError
-from persistence.storage import StorageError
-from worker.errors import classify, is_accelerator_oom
+from blade_service.contracts.errors import BaseModelUnavailable
+from blade_service.contracts.records import DatasetError
+from blade_service.persistence.storage import StorageError
+from blade_service.worker.errors import classify, is_accelerator_oom
 
 
 def test_cuda_out_of_memory_is_classified_by_its_type():
@@ -48,8 +48,8 @@ def test_each_typed_error_has_its_code():
 @pytest.fixture
 def queued_request(worker_settings):
     """A queued request on a new base model (nothing behind it in line)."""
-    from persistence.db import session_scope
-    from persistence.models import BaseModel, Dataset, Tenant, UnlearnRequest
+    from blade_service.persistence.db import session_scope
+    from blade_service.persistence.models import BaseModel, Dataset, Tenant, UnlearnRequest
 
     with session_scope(worker_settings) as s:
         tenant = Tenant(name=f"errors-{uuid.uuid4().hex[:8]}")
@@ -94,9 +94,9 @@ def queued_request(worker_settings):
 def test_the_unlearn_task_records_the_code_of_the_type(
     worker_settings, queued_request, monkeypatch, raised, code
 ):
-    from persistence.db import session_scope
-    from persistence.models import UnlearnRequest
-    from worker import unlearn_task
+    from blade_service.persistence.db import session_scope
+    from blade_service.persistence.models import UnlearnRequest
+    from blade_service.worker import unlearn_task
 
     def fail(*_args, **_kwargs):
         raise raised

@@ -13,9 +13,9 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
-from persistence import jobs
-from persistence.db import session_scope
-from persistence.models import (
+from blade_service.persistence import jobs
+from blade_service.persistence.db import session_scope
+from blade_service.persistence.models import (
     BaseModel,
     Dataset,
     RequestStatus,
@@ -258,7 +258,7 @@ def test_worker_heartbeat_rows(worker_settings):
     with session_scope(worker_settings) as s:
         jobs.beat_worker(s, worker_name=name, current_request_id="req_x", alive=True)
         jobs.beat_worker(s, worker_name=name, alive=False)
-    from persistence.models import WorkerHeartbeat
+    from blade_service.persistence.models import WorkerHeartbeat
 
     with session_scope(worker_settings) as s:
         row = s.get(WorkerHeartbeat, name)

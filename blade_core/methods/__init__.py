@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 
 from blade_core.methods.base import Method, MethodConfig
-from contracts.methods import METHOD_NAMES, SERVICE_PRESETS, service_preset
+from blade_service.contracts.methods import METHOD_NAMES, SERVICE_PRESETS, service_preset
 
 
 def get_method(name: str) -> Method:

@@ -16,7 +16,7 @@ then linear decay to 0 (the Trainer's default `linear` schedule); AdamW, weight 
 at 1. A method with a published fixed step count (RMU: 80) sets `schedule_steps`; an explicit `max_steps` is a
 common cap that replaces either (the warm-up shrinks in proportion). The service trains every baseline as a
 LoRA adapter with OpenUnlearning's TOFU LoRA experiment settings (`LORA_PRESET`). The configs
-(`BaselineConfig` and each baseline's) live in the torch-free `contracts/methods/baselines.py`.
+(`BaselineConfig` and each baseline's) live in the torch-free `blade_service/contracts/methods/baselines.py`.
 
 Steps follow epochs as a PyTorch DataLoader does: the last step of each epoch takes the rows that are left
 (40 forget rows: 32, then 8), so 10 epochs see each forget row exactly 10 times; each record's
@@ -40,9 +40,13 @@ from tqdm.auto import tqdm
 from blade_core.checkpoint import config_fingerprint, has_checkpoint, load_checkpoint, save_checkpoint
 from blade_core.data import BatchStream
 from blade_core.methods.base import RunResult, UnlearnTask
-from contracts.methods.baselines import LORA_PRESET as LORA_PRESET  # re-exported: the tests read it here
-from contracts.methods.baselines import BaselineConfig
-from contracts.schedule import schedule  # re-exported: the methods, bench and worker read it here
+from blade_service.contracts.methods.baselines import (
+    LORA_PRESET as LORA_PRESET,  # re-exported: the tests read it here
+)
+from blade_service.contracts.methods.baselines import BaselineConfig
+from blade_service.contracts.schedule import (
+    schedule,  # re-exported: the methods, bench and worker read it here
+)
 
 Batch = dict[str, torch.Tensor]
 

@@ -1,10 +1,10 @@
 """The one small interface every unlearning method implements.
 
 A method is a module in `blade_core/methods/` that takes its typed config from the torch-free contracts layer
-(`contracts/methods/`: a pydantic dataclass extending `MethodConfig`), defines a `train(task, config) ->
-RunResult` function, and exposes both as `METHOD`.
-The runner (`blade_core.unlearn`) prepares the task (model with adapters wired, tokenised data, hooks);
-the method owns its optimisation loop and reports every outer step through `task.hooks`.
+(`blade_service/contracts/methods/`: a pydantic dataclass extending `MethodConfig`), defines a `train(task,
+config) -> RunResult` function, and exposes both as `METHOD`. The runner (`blade_core.unlearn`) prepares the
+task (model with adapters wired, tokenised data, hooks); the method owns its optimisation loop and reports
+every outer step through `task.hooks`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from contracts.methods import MethodConfig
+from blade_service.contracts.methods import MethodConfig
 
 if TYPE_CHECKING:
     import torch

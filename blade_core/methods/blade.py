@@ -21,7 +21,8 @@ reference's. Batches as the reference: every inner SGD step and the outer step a
 micro-batches of `batch_size` rows (TOFU: 4 x 4 = 16 rows), the augmented term applied per micro-batch; the
 recovery re-measurement uses one micro-batch.
 
-`BladeConfig` and the presets of the paper's table live in the torch-free `contracts/methods/blade.py`.
+`BladeConfig` and the presets of the paper's table live in the torch-free
+`blade_service/contracts/methods/blade.py`.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ from blade_core.losses import (
     token_cross_entropy,
 )
 from blade_core.methods.base import Method, RunResult, RunStatus, UnlearnTask
-from contracts.methods.blade import PRESETS as PRESETS  # re-exported: `presets_of`, the tests
-from contracts.methods.blade import BladeConfig
+from blade_service.contracts.methods.blade import PRESETS as PRESETS  # re-exported: `presets_of`, the tests
+from blade_service.contracts.methods.blade import BladeConfig
 
 # ------------------------------------------------------------------------------------------ the bilevel loop
 

@@ -28,7 +28,7 @@ from blade_core.methods._loop import (
 )
 from blade_core.methods.base import Method, RunResult, UnlearnTask
 from blade_core.methods.npo import npo_objective
-from contracts.methods.baselines import BASELINE_PRESETS, BLURNPOConfig
+from blade_service.contracts.methods.baselines import BASELINE_PRESETS, BLURNPOConfig
 
 
 def _grads(loss: torch.Tensor, params: list[torch.nn.Parameter]) -> list[torch.Tensor]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from blade_core.baseline_losses import grad_ascent_loss
 from blade_core.methods._loop import Batch, forward, run_loop, weighted_step
 from blade_core.methods.base import Method, RunResult, UnlearnTask
-from contracts.methods.baselines import BASELINE_PRESETS, GradAscentConfig
+from blade_service.contracts.methods.baselines import BASELINE_PRESETS, GradAscentConfig
 
 
 def train(task: UnlearnTask, config: GradAscentConfig) -> RunResult:

@@ -19,7 +19,7 @@ from blade_core.methods._loop import (
     weighted_step,
 )
 from blade_core.methods.base import Method, RunResult, UnlearnTask
-from contracts.methods.baselines import BASELINE_PRESETS, NPOConfig
+from blade_service.contracts.methods.baselines import BASELINE_PRESETS, NPOConfig
 
 
 def npo_objective(task: UnlearnTask, reference: Reference, beta: float):

@@ -28,7 +28,7 @@ from blade_core.methods._loop import (
     schedule,
 )
 from blade_core.methods.base import Method, RunResult, UnlearnTask
-from contracts.methods.baselines import BASELINE_PRESETS, PDUConfig
+from blade_service.contracts.methods.baselines import BASELINE_PRESETS, PDUConfig
 
 
 def train(task: UnlearnTask, config: PDUConfig) -> RunResult:

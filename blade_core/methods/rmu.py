@@ -31,8 +31,8 @@ from blade_core.methods._loop import (
     weighted_step,
 )
 from blade_core.methods.base import Method, RunResult, UnlearnTask
-from contracts.methods import baselines as contracts_baselines
-from contracts.methods.baselines import BASELINE_PRESETS
+from blade_service.contracts.methods import baselines as contracts_baselines
+from blade_service.contracts.methods.baselines import BASELINE_PRESETS
 
 IGNORE_INDEX = -100
 PRESETS = BASELINE_PRESETS  # 'lora': how the service trains it (OpenUnlearning's TOFU LoRA experiment)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from blade_core.baseline_losses import sequence_nll, simnpo_loss, token_mean_nll
 from blade_core.methods._loop import Batch, forward, run_loop, weighted_step
 from blade_core.methods.base import Method, RunResult, UnlearnTask
-from contracts.methods.baselines import BASELINE_PRESETS, SimNPOConfig
+from blade_service.contracts.methods.baselines import BASELINE_PRESETS, SimNPOConfig
 
 
 def train(task: UnlearnTask, config: SimNPOConfig) -> RunResult:

@@ -1,0 +1,249 @@
+"""The HTTP API: `create_app(settings)` builds the FastAPI app (no torch anywhere in this process).
+
+Start-up runs the database migrations (`alembic upgrade head`) and creates `BLADE_BOOTSTRAP_ADMIN_KEY` as an
+admin key on first start. Every error leaves as `{"error": {"code", "message"}}` (plus `field` where one field
+is at fault) with its 4xx/5xx status. OpenAPI docs at `/docs`.
+
+    uvicorn --factory api.main:create_app          # what `blade api` runs, configured by BLADE_* variables
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from blade_service.api.dashboard import install_dashboard
+from blade_service.api.error_responses import install_error_responses
+from blade_service.api.input_guard import check_declared_params, check_json_body
+from blade_service.api.observability import install_observability
+from blade_service.api.openapi_docs import install_docs, operation_id
+from blade_service.api.params_docs import install_params_schemas
+from blade_service.api.routes import (
+    adapters,
+    audit,
+    base_models,
+    datasets,
+    health,
+    keys,
+    requests,
+    retention,
+    stacks,
+    webhooks,
+)
+from blade_service.persistence import auth, key_revocations
+from blade_service.persistence.db import read_session_factory, session_factory, upgrade_to_head
+from blade_service.persistence.errors import ServiceError
+from blade_service.persistence.settings import Settings, get_settings
+from blade_service.persistence.storage import InvalidKey, ObjectNotFound, StorageError, get_storage
+
+log = logging.getLogger("blade.api")
+
+MULTIPART_SLACK = 1024 * 1024  # multipart framing on top of the file itself
+HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "too_large",
+    415: "unsupported_media_type",
+    422: "invalid",
+    429: "too_many_requests",
+}
+
+
+def error_response(
+    status: int, code: str, message: str, field: str | None = None, **extra: Any
+) -> JSONResponse:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if field:
+        error["field"] = field
+    error.update(extra)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse({"error": error}, status_code=status, headers=headers)
+
+
+def _field_of(loc: tuple[Any, ...]) -> str:
+    """('body', 'params', 'tau') -> 'params.tau'; ('query', 'limit') -> 'limit'; ('body',) -> 'body'."""
+    parts = (
+        [str(p) for p in loc[1:]] if len(loc) > 1 and loc[0] in ("body", "query", "path", "header") else []
+    )
+    return ".".join(parts) or str(loc[0] if loc else "body")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServiceError)
+    def service_error(_: Request, exc: ServiceError) -> JSONResponse:
+        return error_response(exc.status, exc.code, exc.message, exc.field)
+
+    @app.exception_handler(RequestValidationError)
+    def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        details = []
+        for err in exc.errors():
+            field = _field_of(tuple(err.get("loc", ())))
+            message = "invalid JSON" if err.get("type") == "json_invalid" else err.get("msg", "invalid")
+            details.append({"field": field, "message": f"{field}: {message}"})
+        first = details[0] if details else {"field": "body", "message": "body: invalid request"}
+        return error_response(422, "validation_error", first["message"], first["field"], details=details)
+
+    @app.exception_handler(StarletteHTTPException)
+    def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        return error_response(
+            exc.status_code, HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}"), message
+        )
+
+    @app.exception_handler(InvalidKey)
+    def invalid_key(_: Request, exc: InvalidKey) -> JSONResponse:
+        return error_response(400, "invalid_storage_key", str(exc))
+
+    @app.exception_handler(ObjectNotFound)
+    def missing_object(_: Request, exc: ObjectNotFound) -> JSONResponse:
+        return error_response(404, "artifact_missing", str(exc))
+
+    @app.exception_handler(StorageError)
+    def storage_error(_: Request, exc: StorageError) -> JSONResponse:
+        log.error("storage.error", exc_info=exc)
+        return error_response(503, "storage_unavailable", f"artifact storage failed: {exc}")
+
+    @app.exception_handler(IntegrityError)
+    def integrity_error(_: Request, exc: IntegrityError) -> JSONResponse:
+        log.warning("db.integrity_error", exc_info=exc)
+        return error_response(409, "conflict", "the change conflicts with the current state; retry")
+
+    @app.exception_handler(DataError)
+    def unstorable_value(_: Request, exc: DataError) -> JSONResponse:
+        # A backstop: api/input_guard.py names the field for every known case before the database sees it.
+        log.warning("db.data_error", exc_info=exc)
+        return error_response(
+            422,
+            "unstorable_value",
+            "a value in the request cannot be stored (out of range or an invalid character)",
+        )
+
+    @app.exception_handler(OperationalError)
+    def database_down(_: Request, exc: OperationalError) -> JSONResponse:
+        log.error("db.operational_error", exc_info=exc)
+        return error_response(503, "database_unavailable", "the database is unavailable; retry")
+
+    @app.exception_handler(Exception)
+    def internal_error(_: Request, exc: Exception) -> JSONResponse:
+        log.error("unhandled", exc_info=exc)
+        return error_response(500, "internal", "internal server error")
+
+
+class _TooLarge(StarletteHTTPException):
+    """Raised from `receive` mid-stream; an HTTPException so FastAPI's body parsing passes it on as a 413."""
+
+    def __init__(self, limit: int):
+        super().__init__(413, f"request body larger than {limit} bytes")
+
+
+class BodySizeLimit:
+    """Refuse request bodies over `limit` bytes with 413 before reading them whole."""
+
+    def __init__(self, app: ASGIApp, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await self._refuse(scope, receive, send)
+        seen, started = 0, False
+
+        async def counting_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge(self.limit)
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except _TooLarge:
+            if not started:
+                await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = error_response(413, "too_large", f"request body larger than {self.limit} bytes")
+        await response(scope, receive, send)
+
+
+def create_app(settings: Settings | None = None, *, migrate: bool = True) -> FastAPI:
+    """The API app for `settings` (default: from the environment); migrates the database first."""
+    settings = settings or get_settings()
+    if migrate:
+        upgrade_to_head(settings.resolved_database_url())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # other API processes' key revocations, by LISTEN/NOTIFY (PostgreSQL; persistence/key_revocations.py)
+        listener = key_revocations.listener_for(settings, app.state.key_cache)
+        if listener is not None:
+            listener.listening.wait(timeout=10)  # the cache stays off until then; serve at once regardless
+        try:
+            yield
+        finally:
+            if listener is not None:
+                listener.stop()
+
+    app = FastAPI(
+        lifespan=lifespan,
+        title="BLADE unlearning service",
+        version="0.1.0",
+        description="Deletion requests in, BLADE adapters out: an adapter registry per base model with "
+        "rollback. Authenticate with `Authorization: Bearer <API key>`. Lists are cursor pages: "
+        "`{items, has_more, next_cursor}`; pass `next_cursor` back as `cursor`.",
+        # unstorable or out-of-range parameters and body strings -> 422 naming the field
+        dependencies=[Depends(check_declared_params), Depends(check_json_body)],
+        docs_url=None,  # /docs and /redoc come from install_docs, with local assets
+        redoc_url=None,
+        generate_unique_id_function=operation_id,
+    )
+    app.state.settings = settings
+    app.state.session_factory = session_factory(settings)
+    app.state.read_session_factory = read_session_factory(settings)  # autocommit reads (persistence/db.py)
+    app.state.key_cache = auth.KeyCache()  # API keys for KEY_CACHE_TTL_S; a revocation drops them at once
+    app.state.storage = get_storage(settings)
+    auth.bootstrap_admin_key(app.state.session_factory, settings)
+
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, limit=settings.max_upload_bytes + MULTIPART_SLACK)
+    for router in (
+        health.router,
+        keys.router,
+        datasets.router,
+        base_models.router,
+        requests.router,
+        adapters.router,
+        stacks.router,
+        retention.router,
+        webhooks.router,
+        audit.router,
+    ):
+        app.include_router(router)
+    install_observability(app, settings, app.state.session_factory)  # GET /metrics, HTTP metrics, trace ids
+    install_dashboard(app)  # GET /dashboard, certificates
+    install_docs(app)  # GET /docs, /redoc (no CDN); bearer security scheme in /openapi.json
+    install_error_responses(app)  # every error status each operation returns, declared with ErrorOut
+    install_params_schemas(app)  # one `params` schema per method, from contracts.methods
+    return app

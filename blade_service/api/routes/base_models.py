@@ -1,0 +1,116 @@
+"""Base-model registry: register, list, get; a model's adapter stack; greedy generation by base + stack."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from blade_service.api.adapter_views import AdapterView, stack_refs, stack_views
+from blade_service.api.deps import AdminKey, ReadKey, SessionDep, SettingsDep, StorageDep
+from blade_service.api.error_responses import error_responses
+from blade_service.api.pagination import Cursor, Limit, Offset, Page, page_after
+from blade_service.api.schemas import BaseModelIn, BaseModelOut, GenerateIn, GenerateOut
+from blade_service.persistence import auth, base_models, hub, registry
+from blade_service.persistence.errors import GatewayTimeout, ServiceError, Unavailable
+from blade_service.persistence.storage import Storage
+
+router = APIRouter(prefix="/base-models", tags=["base models"])
+
+
+@router.post("", status_code=201, response_model=BaseModelOut)
+def register_base_model(
+    body: BaseModelIn, session: SessionDep, settings: SettingsDep, storage: StorageDep, key: AdminKey
+):
+    """Register a base model for your tenant (or, with `shared`, for every tenant).
+
+    A hub-id `source` (`org/name[@revision]`) is checked against the hub: 422 when it denies the model,
+    registered with a warning in `warnings` when it cannot be reached."""
+    revision, warning = hub.check_source(
+        body.source,
+        body.revision,
+        is_storage_key=lambda k: _stored(storage, k),
+        hub_url=settings.hub_url,
+        timeout_s=settings.hub_check_timeout_s,
+        token=hub.hub_token(),
+    )
+    model = base_models.register(
+        session,
+        name=body.name,
+        source=body.source,
+        description=body.description,
+        tenant_id=None if body.shared else key.tenant_id,
+        actor=auth.actor_of(key),
+        actor_key_id=key.id,
+        audit_tenant_id=key.tenant_id,
+        policy=body.policy,
+        canary_dataset_id=body.canary_dataset,
+        revision=revision,
+    )
+    session.commit()
+    out = BaseModelOut.of(model)
+    out.warnings = [warning] if warning else []
+    return out
+
+
+def _stored(storage: Storage, key: str) -> bool:
+    try:
+        return storage.exists(key)
+    except ValueError:  # not a valid storage key
+        return False
+
+
+@router.get("", response_model=Page[BaseModelOut])
+def list_base_models(
+    session: SessionDep, key: ReadKey, limit: Limit = 100, cursor: Cursor = None, offset: Offset = 0
+):
+    """By name, a cursor page."""
+    found = [BaseModelOut.of(m) for m in base_models.list_visible(session, tenant_id=key.tenant_id)]
+    return page_after(found, cursor=cursor, kinds="str", limit=limit, offset=offset, key=lambda m: [m.name])
+
+
+@router.get("/{name}", response_model=BaseModelOut)
+def get_base_model(name: str, session: SessionDep, key: ReadKey):
+    return BaseModelOut.of(base_models.get_visible(session, name=name, tenant_id=key.tenant_id))
+
+
+@router.get("/{name}/adapters", response_model=Page[AdapterView])
+def list_adapters(
+    name: str,
+    session: SessionDep,
+    key: ReadKey,
+    limit: Limit = 1000,
+    cursor: Cursor = None,
+    offset: Offset = 0,
+):
+    """Every adapter version of the model in stack order (by version), active and disabled; a cursor page.
+
+    On a shared base model another tenant's versions show only their version and state."""
+    model = base_models.get_visible(session, name=name, tenant_id=key.tenant_id)
+    found = list(stack_views(registry.list_stack(session, model), tenant_id=auth.tenant_scope(key)).values())
+    return page_after(
+        found, cursor=cursor, kinds="int", limit=limit, offset=offset, key=lambda a: [a.version]
+    )
+
+
+@router.post("/{name}/generate", response_model=GenerateOut, responses=error_responses(502, 504))
+def generate_text(name: str, body: GenerateIn, session: SessionDep, settings: SettingsDep, key: ReadKey):
+    """Greedy completion by the base model plus its active adapters, computed on a worker (bounded wait)."""
+    model = base_models.get_visible(session, name=name, tenant_id=key.tenant_id)
+    stack = stack_refs(registry.effective_stack(session, model), tenant_id=auth.tenant_scope(key))
+    session.close()  # hold no connection while waiting for the worker
+    text = _dispatch_generate(model.name, body.prompt, body.max_new_tokens, settings.generate_timeout_s)
+    return GenerateOut(base_model=model.name, prompt=body.prompt, text=text, stack=stack)
+
+
+def _dispatch_generate(base_model: str, prompt: str, max_new_tokens: int, timeout: float) -> str:
+    from blade_service.worker import dispatch
+
+    try:
+        return dispatch.generate(base_model, prompt, max_new_tokens=max_new_tokens, timeout=timeout)
+    except TimeoutError:
+        raise GatewayTimeout(f"no worker answered within {timeout:g} s", code="generate_timeout") from None
+    except dispatch.DispatchError as exc:
+        if exc.code.endswith("unavailable"):
+            raise Unavailable(exc.message, code=exc.code) from None
+        error = ServiceError(exc.message, code=exc.code)
+        error.status = 502
+        raise error from None

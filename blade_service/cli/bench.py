@@ -1,0 +1,261 @@
+"""`blade bench`: learning rates selected on a validation world, then methods x splits x seeds on the test
+world, or the sequential / scaled experiments (blade_core.bench, bench_select, bench_stream)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "bench",
+        help="benchmark unlearning methods side by side",
+        description="Selects each method's learning-rate multiplier on a separate validation world, then "
+        "runs methods x splits x seeds on the test world's target with equal data; writes results.json, "
+        "results.md (Table 1 shape, mean ± std) and training-dynamics plots to --out. --sequential N and "
+        "--scale 1,2,4 run the stacked-requests and larger-forget-set experiments instead.",
+    )
+    source = p.add_mutually_exclusive_group()  # one is required for --suite tofu (checked in run)
+    source.add_argument("--data", type=Path, help="a TOFU-format directory")
+    source.add_argument(
+        "--synthetic",
+        action="store_true",
+        help="synthesise a world and build its target and gold models (cached under --cache)",
+    )
+    p.add_argument("--quick", action="store_true", help="the small preset (a few minutes on 2 CPU cores)")
+    p.add_argument("--methods", help="comma-separated method names (default: all eight)")
+    p.add_argument("--splits", help="comma-separated forget splits (default: forget01,forget05,forget10)")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        help="seeds per (method, split): 42,123,456,789,1024 in order (default 5; 1 with --quick)",
+    )
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        help="a common step cap on every method (default: each method's published schedule; --quick caps)",
+    )
+    p.add_argument(
+        "--lr-scale",
+        type=float,
+        help="the LR rule's factor on Adam learning rates (default: the target's training LR / 1e-5, "
+        "TOFU's fine-tuning LR; 1 = the published values)",
+    )
+    p.add_argument(
+        "--lr-grid", help="LR multipliers the selection tries, e.g. 0.25,0.5,1,2,4 (default: the preset's)"
+    )
+    p.add_argument(
+        "--selection-split", help="the validation world's split for the selection (default forget05)"
+    )
+    p.add_argument(
+        "--validation-data",
+        type=Path,
+        help="--data: a TOFU-format validation world for the selection (default with --data: no selection)",
+    )
+    p.add_argument("--validation-target", type=Path, help="--validation-data: its target model dir")
+    p.add_argument(
+        "--sequential",
+        type=int,
+        nargs="?",
+        const=4,
+        metavar="N",
+        help="N stacked forget requests on disjoint author sets (default N: 4), instead of the splits grid",
+    )
+    p.add_argument(
+        "--scale", help="forget-set multiples, e.g. 1,2,4 (more authors, all else fixed), instead of the grid"
+    )
+    p.add_argument("--authors", type=int, help="--synthetic: authors in the world (default: the preset's)")
+    p.add_argument("--model-size", choices=("test", "quick", "default"), help="size of the built models")
+    p.add_argument("--eval-max-rows", type=int, help="rows per evaluation set (default: the preset's)")
+    p.add_argument("--target", type=Path, help="--data: the target model dir (default: build it from --data)")
+    p.add_argument(
+        "--gold",
+        action="append",
+        default=[],
+        metavar="SPLIT=DIR",
+        help="--data: the gold model of a split (repeatable; default: build it from --data)",
+    )
+    p.add_argument(
+        "--cache",
+        type=Path,
+        default=Path(".cache/bench"),
+        help="where synthesised worlds and built models are kept (default: .cache/bench)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--suite",
+        choices=("tofu", "muse", "knowundo"),
+        default="tofu",
+        help="tofu: the QA bench (default); muse / knowundo: a text world with MUSE's metrics "
+        "(blade_core/bench_text.py; --synthetic implied)",
+    )
+    p.add_argument("--kind", choices=("books", "news"), help="--suite muse|knowundo: the text world's kind")
+    p.set_defaults(func=run)
+
+
+def _floats(text: str, flag: str) -> tuple[float, ...]:
+    from blade_service.cli.main import CliError
+
+    try:
+        values = tuple(float(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise CliError(f"{flag} {text!r}: expected comma-separated numbers") from None
+    if not values or any(not v > 0 for v in values):
+        raise CliError(f"{flag} {text!r}: expected positive numbers")
+    return values
+
+
+def run(args: argparse.Namespace) -> int:
+    from blade_core import bench
+    from blade_service.cli.main import CliError
+
+    if args.suite != "tofu":
+        return _run_text(args)
+    if args.data is None and not args.synthetic:
+        raise CliError("one of --data or --synthetic is required (--suite tofu)")
+
+    if args.data is None and (args.target or args.gold or args.validation_data or args.validation_target):
+        raise CliError(
+            "--target, --gold, --validation-data and --validation-target go with --data "
+            "(--synthetic builds its own models)"
+        )
+    if args.validation_target and not args.validation_data:
+        raise CliError("--validation-target goes with --validation-data")
+    for name in ("seeds", "max_steps", "authors", "eval_max_rows", "sequential"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise CliError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+    scales = [int(v) for v in _floats(args.scale, "--scale")] if args.scale else []
+    if args.scale and any(v != int(v) for v in _floats(args.scale, "--scale")):
+        raise CliError(f"--scale {args.scale!r}: expected whole multiples, e.g. 1,2,4")
+    if args.selection_split:
+        bench.parse_list(args.selection_split, bench.SPLITS, "split")
+    try:
+        settings = bench.settings_for(
+            args.quick,
+            max_steps=args.max_steps,
+            authors=args.authors,
+            model_size=args.model_size,
+            eval_max_rows=args.eval_max_rows,
+            seeds=args.seeds,
+            lr_scale=args.lr_scale,
+            lr_grid=_floats(args.lr_grid, "--lr-grid") if args.lr_grid else None,
+            selection_split=args.selection_split,
+        )
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if args.lr_scale is not None and not args.lr_scale > 0:
+        raise CliError(f"--lr-scale must be > 0, got {args.lr_scale}")
+    methods = bench.parse_list(args.methods, bench.METHOD_NAMES, "method")
+    splits = bench.parse_list(args.splits, bench.SPLITS, "split")
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    progress = not args.no_progress
+    validation = None
+    gold_splits = [] if (args.sequential or scales) else splits  # no gold for the drawn author sets
+    if args.synthetic:
+        if settings.validation_world_seed == settings.world_seed:
+            raise CliError("the validation world's seed must differ from the test world's")
+        # The validation world first: the selection must not depend on anything built from the test world.
+        v_data, v_target, _ = bench.prepare_synthetic(
+            args.cache, settings, [], log, progress, world_seed=settings.validation_world_seed
+        )
+        validation = bench.ValidationWorld(v_data, v_target, settings.validation_world_seed)
+        data_dir, target, golds = bench.prepare_synthetic(args.cache, settings, gold_splits, log, progress)
+    else:
+        if not args.data.is_dir():
+            raise CliError(f"--data {args.data}: not a directory")
+        if args.validation_data is not None:
+            if not args.validation_data.is_dir():
+                raise CliError(f"--validation-data {args.validation_data}: not a directory")
+            v_target = args.validation_target
+            if v_target is None:
+                _, v_target, _ = bench.prepare_models(
+                    args.validation_data, args.cache, settings, [], log=log, progress=progress
+                )
+            validation = bench.ValidationWorld(Path(args.validation_data), Path(v_target))
+        data_dir, target, golds = args.data, args.target, {}
+        for item in args.gold:
+            split, sep, directory = item.partition("=")
+            if not sep or split not in bench.SPLITS:
+                raise CliError(
+                    f"--gold {item!r}: expected SPLIT=DIR with SPLIT one of {', '.join(bench.SPLITS)}"
+                )
+            golds[split] = Path(directory)
+        if target is None or any(sp not in golds for sp in gold_splits):
+            _, built_target, built_golds = bench.prepare_models(
+                args.data,
+                args.cache,
+                settings,
+                [sp for sp in gold_splits if sp not in golds],
+                build_target=target is None,
+                log=log,
+                progress=progress,
+            )
+            target = target or built_target
+            golds.update(built_golds)
+    for path in [target, *golds.values(), *([validation.target] if validation else [])]:
+        if not (Path(path) / "config.json").is_file():
+            raise CliError(f"{path}: not a model directory (no config.json)")
+    plan = bench.BenchPlan(
+        data_dir=Path(data_dir),
+        target=Path(target),
+        golds=golds,
+        out_dir=args.out,
+        methods=methods,
+        splits=splits,
+        seeds=bench.seed_list(settings.seeds),
+        settings=settings,
+        command="blade " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        progress=progress,
+        validation=validation,
+        sequential=args.sequential,
+        scales=scales,
+    )
+    try:
+        bench.run_bench(plan, log)
+    except ValueError as exc:  # e.g. a world too small for --sequential / --scale, or one world for both
+        raise CliError(str(exc)) from None
+    print(args.out / "results.md")
+    return 0
+
+
+def _run_text(args: argparse.Namespace) -> int:
+    """`--suite muse|knowundo`: blade_core/bench_text.py."""
+    from blade_core import bench
+    from blade_core.bench_text import run_text_bench
+    from blade_service.cli.main import CliError
+
+    if args.data is not None:
+        raise CliError(f"--suite {args.suite} synthesises its own text world; --data is for --suite tofu")
+    for name in ("seeds", "max_steps", "eval_max_rows"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise CliError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+    try:
+        methods = bench.parse_list(args.methods, bench.METHOD_NAMES, "method")
+    except ValueError as exc:
+        raise CliError(f"--methods: {exc}") from None
+    results = run_text_bench(
+        suite=args.suite,
+        out=args.out,
+        cache=args.cache,
+        quick=args.quick,
+        methods=methods,
+        kind=args.kind,
+        sequential=args.sequential or 0,
+        log=lambda msg: print(msg, file=sys.stderr, flush=True),
+        max_steps=args.max_steps,
+        seeds=args.seeds,
+        model_size=args.model_size,
+        eval_max_rows=args.eval_max_rows,
+        lr_grid=_floats(args.lr_grid, "--lr-grid") if args.lr_grid else None,
+    )
+    print((args.out / "results.md").read_text())
+    print(
+        f"{len(results['rows'])} runs in {results['time_s']} s; {args.out / 'results.json'}", file=sys.stderr
+    )
+    return 0

@@ -1,0 +1,56 @@
+"""The `blade` command: a thin dispatcher over one module per command group.
+
+Each module in `cli/` exposes `register(subparsers)`, adds its verbs and sets `func` on each parser.
+Heavy imports (torch, the web stack) happen inside the verbs, so `blade --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Command-group modules, in help order.
+COMMAND_MODULES = (
+    "blade_service.cli.data",
+    "blade_service.cli.model",
+    "blade_service.cli.unlearn",
+    "blade_service.cli.evaluate",
+    "blade_service.cli.bench",
+    "blade_service.cli.service",
+    "blade_service.cli.client_verbs",
+    "blade_service.cli.certificate",
+)
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one paragraph, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="blade", description="BLADE unlearning: engine, benchmark, service."
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # that command group is not part of this build
+                continue
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        result = args.func(args)
+    except KeyboardInterrupt:
+        print("blade: interrupted", file=sys.stderr)
+        return 130
+    except (CliError, FileNotFoundError, ValueError) as exc:
+        print(f"blade {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    return int(result or 0)

@@ -1,0 +1,213 @@
+"""The append-only audit log: every state change, with actor, time and reason, in one hash chain.
+
+Each entry stores the hash of the one before it and its own hash,
+
+    hash = sha256(prev_hash + canonical_json(entry))      (the first entry's prev_hash is 64 zeros)
+
+where the canonical JSON holds every column except `id`, `prev_hash` and `hash` (keys sorted, no whitespace,
+times in ISO 8601 UTC). Changing, removing or reordering any entry breaks every hash after it; `verify_chain`
+finds the first entry that does not fit, and `verify_tenant` checks one tenant's entries and their links to
+their neighbours without reporting anything about other tenants' entries. Losing the newest entries leaves a
+valid (shorter) chain: `persistence/audit_heads.py` keeps signed heads outside the table to catch that.
+The database refuses UPDATE and DELETE on the table (triggers in the initial migration) and `prev_hash` is
+unique, so two writers can never fork the chain; on PostgreSQL appends take a transaction-scoped advisory
+lock so they queue instead of failing.
+
+Appending joins the caller's transaction: the entry commits (or rolls back) with the change it records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from blade_service.persistence.models import GENESIS_HASH, AuditEntry, utcnow
+
+_APPEND_LOCK = 727273  # pg_advisory_xact_lock key for appends
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def entry_payload(entry: AuditEntry) -> dict[str, Any]:
+    """What the hash covers: every column but id, prev_hash and hash."""
+    return {
+        "created_at": entry.created_at.isoformat(),
+        "tenant_id": entry.tenant_id,
+        "actor": entry.actor,
+        "actor_key_id": entry.actor_key_id,
+        "action": entry.action,
+        "subject_type": entry.subject_type,
+        "subject_id": entry.subject_id,
+        "reason": entry.reason,
+        "data": entry.data,
+    }
+
+
+def compute_hash(prev_hash: str, payload: dict[str, Any]) -> str:
+    return hashlib.sha256((prev_hash + canonical_json(payload)).encode()).hexdigest()
+
+
+def append(
+    session: Session,
+    *,
+    action: str,
+    subject_type: str,
+    subject_id: str,
+    actor: str,
+    actor_key_id: str | None = None,
+    tenant_id: str | None = None,
+    reason: str | None = None,
+    data: dict[str, Any] | None = None,
+) -> AuditEntry:
+    """Add one entry at the head of the chain, in the caller's transaction."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(select(_pg_lock()))
+    prev = session.scalar(select(AuditEntry.hash).order_by(AuditEntry.id.desc()).limit(1)) or GENESIS_HASH
+    entry = AuditEntry(
+        created_at=utcnow(),
+        tenant_id=tenant_id,
+        actor=actor,
+        actor_key_id=actor_key_id,
+        action=action,
+        subject_type=subject_type,
+        subject_id=str(subject_id),
+        reason=reason,
+        data=json.loads(canonical_json(data or {})),
+        prev_hash=prev,
+    )
+    entry.hash = compute_hash(prev, entry_payload(entry))
+    session.add(entry)
+    from blade_service.persistence import (
+        webhooks,  # the outbox: a tenant's webhook deliveries commit with the change
+    )
+
+    webhooks.capture(session, entry)
+    session.flush()
+    return entry
+
+
+def _pg_lock() -> Any:
+    from sqlalchemy import func
+
+    return func.pg_advisory_xact_lock(_APPEND_LOCK)
+
+
+@dataclass(frozen=True)
+class ChainStatus:
+    intact: bool
+    checked: int  # entries verified (up to and including the first bad one)
+    head_id: int | None  # the last entry that fits the chain
+    head_hash: str  # its hash (GENESIS_HASH for an empty log)
+    first_bad_id: int | None = None
+    problem: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "intact": self.intact,
+            "checked": self.checked,
+            "head_id": self.head_id,
+            "head_hash": self.head_hash,
+            "first_bad_id": self.first_bad_id,
+            "problem": self.problem,
+        }
+
+
+def verify_chain(session: Session) -> ChainStatus:
+    """Walk the whole chain in id order and report the first entry whose links or hash do not fit."""
+    expected, checked, head_id = GENESIS_HASH, 0, None
+    for entry in session.scalars(
+        select(AuditEntry).order_by(AuditEntry.id).execution_options(yield_per=1000)
+    ):
+        checked += 1
+        if entry.prev_hash != expected:
+            return ChainStatus(
+                False,
+                checked,
+                head_id,
+                expected,
+                entry.id,
+                f"entry {entry.id}: prev_hash does not match the entry before it "
+                "(an entry was removed, reordered or altered)",
+            )
+        if compute_hash(entry.prev_hash, entry_payload(entry)) != entry.hash:
+            return ChainStatus(
+                False,
+                checked,
+                head_id,
+                expected,
+                entry.id,
+                f"entry {entry.id}: content does not match its hash (the entry was altered)",
+            )
+        expected, head_id = entry.hash, entry.id
+    return ChainStatus(True, checked, head_id, expected)
+
+
+def verify_tenant(session: Session, *, tenant_id: str) -> ChainStatus:
+    """Check only `tenant_id`'s entries, in id order: each one's hash covers its content and `prev_hash`, that
+    `prev_hash` is the hash of the entry just before it in the chain, and the entry just after it links back
+    to it. Neighbours may be other tenants' entries: they are read for the links, never reported."""
+    window = select(
+        AuditEntry.id.label("id"),
+        func.lag(AuditEntry.hash).over(order_by=AuditEntry.id).label("before_hash"),
+        func.lead(AuditEntry.prev_hash).over(order_by=AuditEntry.id).label("after_prev"),
+    ).subquery()
+    rows = session.execute(
+        select(AuditEntry, window.c.before_hash, window.c.after_prev)
+        .join(window, window.c.id == AuditEntry.id)
+        .where(AuditEntry.tenant_id == tenant_id)
+        .order_by(AuditEntry.id)
+        .execution_options(yield_per=1000)
+    )
+    checked, head_id, head_hash = 0, None, GENESIS_HASH
+    for entry, before_hash, after_prev in rows:
+        checked += 1
+        problem = None
+        if entry.prev_hash != (before_hash or GENESIS_HASH):
+            problem = (
+                "prev_hash does not match the entry before it (an entry was removed, reordered or altered)"
+            )
+        elif compute_hash(entry.prev_hash, entry_payload(entry)) != entry.hash:
+            problem = "content does not match its hash (the entry was altered)"
+        elif after_prev is not None and after_prev != entry.hash:
+            problem = "the entry after it does not link to it (this entry was altered, or its successor)"
+        if problem:
+            return ChainStatus(False, checked, head_id, head_hash, entry.id, f"entry {entry.id}: {problem}")
+        head_id, head_hash = entry.id, entry.hash
+    return ChainStatus(True, checked, head_id, head_hash)
+
+
+def head(session: Session) -> tuple[int | None, str]:
+    """(id, hash) of the newest entry; (None, GENESIS_HASH) for an empty log."""
+    row = session.execute(
+        select(AuditEntry.id, AuditEntry.hash).order_by(AuditEntry.id.desc()).limit(1)
+    ).first()
+    return (row[0], row[1]) if row else (None, GENESIS_HASH)
+
+
+def list_entries(
+    session: Session,
+    *,
+    tenant_id: str | None,
+    action: str | None = None,
+    subject_id: str | None = None,
+    before_id: int | None = None,
+    limit: int = 100,
+) -> list[AuditEntry]:
+    """Newest first; `tenant_id` None lists every tenant's (for operators), else only that tenant's."""
+    query = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
+    if tenant_id is not None:
+        query = query.where(AuditEntry.tenant_id == tenant_id)
+    if action:
+        query = query.where(AuditEntry.action == action)
+    if subject_id:
+        query = query.where(AuditEntry.subject_id == subject_id)
+    if before_id is not None:
+        query = query.where(AuditEntry.id < before_id)
+    return list(session.scalars(query))

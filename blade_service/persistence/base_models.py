@@ -1,0 +1,103 @@
+"""Registered base models. A tenant sees the shared ones (`tenant_id` NULL) and its own; names are unique."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from blade_service.persistence import audit
+from blade_service.persistence.errors import Conflict, Invalid, NotFound
+from blade_service.persistence.models import BaseModel
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def register(
+    session: Session,
+    *,
+    name: str,
+    source: str,
+    tenant_id: str | None,
+    actor: str,
+    actor_key_id: str | None = None,
+    description: str | None = None,
+    audit_tenant_id: str | None = None,
+    policy: dict[str, Any] | None = None,
+    canary_dataset_id: str | None = None,
+    revision: str | None = None,
+) -> BaseModel:
+    """A new base model (`tenant_id` None: shared by every tenant); Conflict if the name is taken.
+
+    `policy`: unlearning-policy rules over the defaults (persistence/policy.py); `canary_dataset_id`: the
+    dataset the policy gate measures utility on (default: each request's retain sample)."""
+    if not NAME_PATTERN.match(name or ""):
+        raise Invalid(
+            "name: 1-100 characters of letters, digits, '.', '_', '-', starting with a letter or digit",
+            field="name",
+        )
+    if not (source or "").strip():
+        raise Invalid("source: must be a non-empty string", field="source")
+    if session.scalars(select(BaseModel.id).where(BaseModel.name == name)).first():
+        raise Conflict(f"a base model named {name!r} already exists", code="base_model_exists")
+    from blade_service.persistence import policy as policy_rules
+
+    rules = policy_rules.parse(policy) if policy is not None else None
+    canary = policy_rules.check_canary(
+        session, dataset_id=canary_dataset_id, tenant_id=audit_tenant_id or tenant_id
+    )
+    model = BaseModel(
+        name=name,
+        source=source,
+        tenant_id=tenant_id,
+        description=description,
+        policy=rules,
+        canary_dataset_id=canary.id if canary is not None else None,
+        revision=(revision or "").strip() or None,
+    )
+    session.add(model)
+    session.flush()
+    audit.append(
+        session,
+        action="base_model.register",
+        subject_type="base_model",
+        subject_id=model.id,
+        actor=actor,
+        actor_key_id=actor_key_id,
+        tenant_id=audit_tenant_id or tenant_id,
+        data={
+            "name": name,
+            "source": source,
+            "shared": tenant_id is None,
+            "policy": policy_rules.effective(model),
+            "canary_dataset": model.canary_dataset_id,
+            "revision": model.revision,
+        },
+    )
+    return model
+
+
+def ensure_registered(session: Session, *, name: str, source: str, actor: str = "system") -> BaseModel:
+    """The shared base model `name`, registered now if missing (used by `blade up` for demo-tiny)."""
+    model = session.scalars(select(BaseModel).where(BaseModel.name == name)).one_or_none()
+    return model or register(session, name=name, source=source, tenant_id=None, actor=actor)
+
+
+def _visible(tenant_id: str | None):
+    return or_(BaseModel.tenant_id.is_(None), BaseModel.tenant_id == tenant_id)
+
+
+def get_visible(session: Session, *, name: str, tenant_id: str | None) -> BaseModel:
+    """The base model `name` if the tenant may see it; NotFound otherwise."""
+    model = session.scalars(
+        select(BaseModel).where(BaseModel.name == name, _visible(tenant_id))
+    ).one_or_none()
+    if model is None:
+        raise NotFound(f"no base model {name!r}")
+    return model
+
+
+def list_visible(session: Session, *, tenant_id: str | None) -> list[BaseModel]:
+    return list(session.scalars(select(BaseModel).where(_visible(tenant_id)).order_by(BaseModel.name)))

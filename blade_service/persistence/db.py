@@ -1,0 +1,174 @@
+"""Database engines and sessions from `Settings`, and the start-up migration step.
+
+PostgreSQL (production) goes through psycopg 3: a `postgresql://` URL is read as `postgresql+psycopg://`.
+SQLite (the embedded default) is set up for several processes (API + worker) on one file: WAL journal,
+foreign keys on, a busy timeout, and every transaction started with `BEGIN IMMEDIATE`, so a transaction that
+will write holds the write lock from its first statement instead of failing to upgrade a stale read snapshot.
+
+    engine = get_engine(settings)
+    with session_scope(settings) as session:  # commits, or rolls back on an exception
+        ...
+    upgrade_to_head(settings.resolved_database_url())  # what the API runs on start-up
+
+PostgreSQL pools check connections out without a pre-ping (it cost a round trip per request): connections
+are recycled after `POOL_RECYCLE_S`, and a disconnect (server restart, idle timeout) invalidates the pool so
+the next checkout connects afresh; reads made with `execute_read` retry once on such a disconnect. Reads that
+need one statement use `read_session_factory`: on PostgreSQL its sessions run in autocommit, so a lone
+SELECT costs exactly one round trip (no BEGIN before it, no ROLLBACK after it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, Executable, Result, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session, sessionmaker
+
+from blade_service.persistence.settings import Settings, get_settings
+
+# The `migrations` package (beside this one, in the repo and when installed), found without importing it.
+MIGRATIONS_DIR = Path(importlib.util.find_spec("blade_service.migrations").origin).resolve().parent
+
+POOL_RECYCLE_S = 1800  # below common server/proxy idle timeouts (PgBouncer's server_idle_timeout: 600 s+)
+
+_engines: dict[str, Engine] = {}
+_lock = threading.Lock()
+
+
+def normalise_url(url: str) -> str:
+    """`postgresql://` and `postgres://` mean psycopg 3 here; everything else is left as given."""
+    for plain in ("postgresql://", "postgres://"):
+        if url.startswith(plain):
+            return "postgresql+psycopg://" + url[len(plain) :]
+    return url
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    dbapi_connection.isolation_level = None  # we issue BEGIN ourselves (below)
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def _sqlite_begin(conn: Any) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """A new engine for `url` with the backend's settings (use `get_engine` for the shared one)."""
+    url = normalise_url(url)
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **kwargs)
+        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin)
+        return engine
+    kwargs.setdefault("pool_pre_ping", False)  # recycle + retry instead (module doc)
+    kwargs.setdefault("pool_recycle", POOL_RECYCLE_S)
+    kwargs.setdefault("pool_size", 10)
+    kwargs.setdefault("max_overflow", 20)
+    return create_engine(url, **kwargs)
+
+
+def get_engine(settings: Settings | None = None) -> Engine:
+    """The process-wide engine for the settings' database (one per URL)."""
+    url = normalise_url((settings or get_settings()).resolved_database_url())
+    with _lock:
+        if url not in _engines:
+            _engines[url] = make_engine(url)
+        return _engines[url]
+
+
+def dispose_engines() -> None:
+    """Close every pooled connection (tests; a worker child after fork)."""
+    with _lock:
+        for engine in _engines.values():
+            engine.dispose()
+        _engines.clear()
+
+
+def session_factory(settings: Settings | None = None) -> sessionmaker[Session]:
+    return sessionmaker(get_engine(settings), expire_on_commit=False)
+
+
+def read_session_factory(settings: Settings | None = None) -> sessionmaker[Session]:
+    """Sessions for reads only: autocommit on PostgreSQL (one round trip per statement, nothing to roll
+    back); the ordinary sessions on SQLite. Never write through one: each statement commits on its own."""
+    engine = get_engine(settings)
+    if engine.dialect.name == "postgresql":
+        engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def execute_read(
+    session: Session, statement: Executable, params: dict[str, Any] | None = None
+) -> Result[Any]:
+    """`session.execute(statement)`, run once more when the first try found the connection dead (the pool
+    then connects afresh), if it opened the session's transaction: nothing done before it is lost."""
+    fresh = not session.in_transaction()
+    try:
+        return session.execute(statement, params)
+    except DBAPIError as exc:
+        if not (fresh and exc.connection_invalidated):
+            raise
+        session.rollback()
+        return session.execute(statement, params)
+
+
+@contextmanager
+def session_scope(settings: Settings | None = None) -> Iterator[Session]:
+    """A short session: commit at the end, roll back on an exception."""
+    with session_factory(settings)() as session, session.begin():
+        yield session
+
+
+def alembic_config(url: str) -> Any:
+    """An Alembic config for `url` that works from the repo and when installed (no alembic.ini needed)."""
+    from alembic.config import Config
+
+    config = Config(str(MIGRATIONS_DIR / "alembic.ini"))
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("sqlalchemy.url", normalise_url(url).replace("%", "%%"))
+    config.attributes["configure_logging"] = False
+    return config
+
+
+def upgrade_to_head(url: str) -> None:
+    """`alembic upgrade head` on `url`: the API's start-up step; concurrent callers take turns."""
+    from alembic import command
+
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            if engine.dialect.name == "postgresql":
+                # Two processes starting together (API replicas, API + worker) must not race on the DDL.
+                connection.exec_driver_sql("SELECT pg_advisory_xact_lock(727272)")
+            config = alembic_config(url)
+            config.attributes["connection"] = connection
+            command.upgrade(config, "head")
+    finally:
+        engine.dispose()
+
+
+def current_revision(url: str) -> str | None:
+    """The revision the database is at (None: not migrated)."""
+    from alembic.runtime.migration import MigrationContext
+
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+    finally:
+        engine.dispose()

@@ -1,0 +1,626 @@
+"""Unlearn requests: validated creation with idempotency, reads, cancellation, and the worker's view of one.
+
+Everything a request refers to is checked before it is stored: the method exists, every parameter is a known
+config field of that method and in range (`contracts.params`, no torch), the base model is registered
+and visible to the tenant, both datasets exist and belong to the tenant. A failure raises `Invalid` naming the
+field and stores nothing.
+
+An `Idempotency-Key` makes a retry return the original request: the same key with the same body gives the same
+request (`created` False); the same key with a different body is a Conflict. Requests of one base model get
+`queue_seq` 1, 2, 3… in submission order under a row lock on the base model.
+
+Status changes made here are the client's: cancel (`queued -> cancelled` at once, `running`/`evaluating` ->
+`cancelling`, which the worker turns into `cancelled` at its next step). Terminal states never change.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import functools
+import hashlib
+import json
+from dataclasses import dataclass, fields
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+from sqlalchemy import Select, bindparam, case, func, literal_column, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, aliased, joinedload
+from sqlalchemy.orm.attributes import set_committed_value
+
+from blade_service.contracts.errors import ParamError
+from blade_service.contracts.methods import METHOD_NAMES, PRESETS, MethodConfig, service_preset
+from blade_service.contracts.methods.baselines import BaselineConfig
+from blade_service.contracts.params import make_config, validate_params
+from blade_service.contracts.schedule import schedule
+from blade_service.persistence import audit
+from blade_service.persistence.db import execute_read
+from blade_service.persistence.errors import Conflict, Invalid, NotFound
+from blade_service.persistence.models import (
+    TERMINAL_STATUSES,
+    BaseModel,
+    Dataset,
+    RequestStatus,
+    TrainingEvent,
+    UnlearnRequest,
+    utcnow,
+)
+
+DEFAULT_METHOD = "blade"
+MAX_METADATA_BYTES = 16 * 1024
+# BLADE's outer-step cap when a request sets no `max_steps`: MethodConfig's default (250, BLADE paper, TOFU
+# preset; the worker runs without a preset; tests/test_api_requests.py checks it against the engine's config).
+# A baseline's step count follows from its schedule and the forget set, so the worker reports it once it runs.
+DEFAULT_MAX_STEPS: int = next(f.default for f in fields(MethodConfig) if f.name == "max_steps")
+RATE_WINDOW = 20  # the latest steps the ETA's step rate is measured over
+# The presets a request may name (`preset`): the methods' own (contracts/methods: BLADE's from the paper's
+# table, the baselines' 'lora'). Step caps that differ from the default:
+REQUEST_PRESETS: dict[str, tuple[str, ...]] = {name: tuple(PRESETS[name]) for name in METHOD_NAMES}
+PRESET_MAX_STEPS: dict[str, int] = {
+    name: values["max_steps"]
+    for name, values in PRESETS["blade"].items()
+    if values.get("max_steps", DEFAULT_MAX_STEPS) != DEFAULT_MAX_STEPS
+}
+# QA probe sets a text request may name (`probe_datasets`) for its KnowMem metrics (MUSE's knowmem files).
+PROBE_KINDS = ("forget_qa", "retain_qa", "icl")
+# A request's `preset` and `probe_datasets` are kept in its params under these keys (no schema change);
+# the worker takes them out before the params become config overrides.
+SERVICE_KEYS = ("preset", "probe_datasets")
+
+
+def fingerprint(body: dict[str, Any]) -> str:
+    return hashlib.sha256(
+        json.dumps(body, sort_keys=True, separators=(",", ":"), default=str).encode()
+    ).hexdigest()
+
+
+def _by_idempotency_key(session: Session, tenant_id: str, key: str) -> UnlearnRequest | None:
+    query = select(UnlearnRequest).where(
+        UnlearnRequest.tenant_id == tenant_id, UnlearnRequest.idempotency_key == key
+    )
+    return session.scalars(query).one_or_none()
+
+
+def _replay(existing: UnlearnRequest, fp: str) -> UnlearnRequest:
+    if existing.request_fingerprint != fp:
+        raise Conflict(
+            "Idempotency-Key was already used with a different request body",
+            code="idempotency_key_reused",
+            field="Idempotency-Key",
+        )
+    return existing
+
+
+def _lock_datasets(session: Session, ids: list[Any]) -> dict[str, Dataset]:
+    """The datasets among `ids`, read FOR SHARE in one statement (see `_dataset`)."""
+    wanted = [i for i in ids if isinstance(i, str) and i]
+    found = session.scalars(
+        select(Dataset)
+        .where(Dataset.id.in_(wanted))
+        .with_for_update(read=True)
+        .execution_options(populate_existing=True)
+    )
+    return {d.id: d for d in found}
+
+
+def _dataset(
+    session: Session, tenant_id: str, dataset_id: Any, field: str, locked: dict[str, Dataset] | None = None
+) -> Dataset:
+    """The tenant's usable dataset `dataset_id` (from `locked` when `_lock_datasets` read it already)."""
+    if not isinstance(dataset_id, str) or not dataset_id:
+        raise Invalid(f"{field}: must be a dataset id", field=field)
+    # FOR SHARE: a concurrent DELETE /datasets/{id} or purge (FOR UPDATE) either finishes first and is seen
+    # here, or waits for this request to commit and then sees it as a user of the dataset.
+    if locked is not None:
+        dataset = locked.get(dataset_id)
+    else:
+        dataset = session.get(Dataset, dataset_id, with_for_update={"read": True}, populate_existing=True)
+    if dataset is None or dataset.tenant_id != tenant_id:
+        raise Invalid(f"{field}: no dataset {dataset_id!r}", code="unknown_dataset", field=field)
+    if dataset.purged_at is not None:
+        raise Conflict(
+            f"{field}: dataset {dataset_id} was purged ({dataset.purge_reason}); upload the data again",
+            code="dataset_purged",
+            field=field,
+        )
+    return dataset
+
+
+def create_request(session: Session, **kwargs: Any) -> tuple[UnlearnRequest, bool]:
+    """(request, created): a new `queued` request, or the original one for a repeated Idempotency-Key
+    (the arguments of `submit_request`)."""
+    request, created, _ = submit_request(session, **kwargs)
+    return request, created
+
+
+def submit_request(
+    session: Session,
+    *,
+    tenant_id: str,
+    base_model: str,
+    forget_dataset: str,
+    retain_dataset: str,
+    method: str | None = None,
+    params: dict[str, Any] | None = None,
+    metadata: dict[str, Any] | None = None,
+    idempotency_key: str | None = None,
+    actor: str,
+    actor_key_id: str | None = None,
+    preset: str | None = None,
+    probe_datasets: dict[str, str] | None = None,
+    enqueued: bool = False,
+) -> tuple[UnlearnRequest, bool, int | None]:
+    """(request, created, queue_position): `create_request` plus the new request's queue position (None for a
+    replay). `enqueued`: the caller publishes its task right after committing, so `enqueued_at` is stored
+    now (no second write; `clear_enqueued` undoes it if the publish fails)."""
+    method = method or DEFAULT_METHOD
+    body = {
+        "base_model": base_model,
+        "forget_dataset": forget_dataset,
+        "retain_dataset": retain_dataset,
+        "method": method,
+        "params": params or {},
+        "metadata": metadata or {},
+    }
+    if preset is not None:  # only when given, so earlier requests' fingerprints stay the same
+        body["preset"] = preset
+    if probe_datasets:
+        body["probe_datasets"] = probe_datasets
+    fp = fingerprint(body)
+    if idempotency_key is not None:
+        if not 0 < len(idempotency_key) <= 255:
+            raise Invalid("Idempotency-Key: must be 1-255 characters", field="Idempotency-Key")
+        existing = _by_idempotency_key(session, tenant_id, idempotency_key)
+        if existing is not None:
+            return _replay(existing, fp), False, None
+
+    if method not in METHOD_NAMES:
+        raise Invalid(
+            f"method: unknown method {method!r}; choose one of {', '.join(METHOD_NAMES)}",
+            code="unknown_method",
+            field="method",
+        )
+    try:
+        checked = validate_params(method, params)
+    except ParamError as exc:
+        raise Invalid(
+            f"params.{exc.field}: {exc.message}", code="invalid_param", field=f"params.{exc.field}"
+        ) from None
+    if checked.get("use_lora") is False:  # every result is an adapter version: it must stack and roll back
+        raise Invalid(
+            "params.use_lora: the service stores every result as a LoRA adapter; use_lora=false "
+            "(full-parameter, as the baselines were published) runs only in `blade unlearn` and the bench",
+            code="invalid_param",
+            field="params.use_lora",
+        )
+    if metadata is not None and not isinstance(metadata, dict):
+        raise Invalid("metadata: must be an object", field="metadata")
+    if len(json.dumps(metadata or {}, default=str)) > MAX_METADATA_BYTES:
+        raise Invalid(f"metadata: at most {MAX_METADATA_BYTES} bytes of JSON", field="metadata")
+    model = session.scalars(
+        select(BaseModel)
+        .where(
+            BaseModel.name == base_model, (BaseModel.tenant_id.is_(None)) | (BaseModel.tenant_id == tenant_id)
+        )
+        .with_for_update(key_share=True)  # serialises queue_seq numbering per base model (FOR NO KEY UPDATE)
+    ).one_or_none()
+    if model is None:
+        raise Invalid(
+            f"base_model: no base model {base_model!r} is registered",
+            code="unknown_base_model",
+            field="base_model",
+        )
+    locked = _lock_datasets(session, [forget_dataset, retain_dataset])
+    forget = _dataset(session, tenant_id, forget_dataset, "forget_dataset", locked)
+    retain = _dataset(session, tenant_id, retain_dataset, "retain_dataset", locked)
+    if forget.id == retain.id:
+        raise Invalid("retain_dataset: must differ from forget_dataset", field="retain_dataset")
+    checked = _with_service_keys(session, tenant_id, method, checked, preset, probe_datasets)
+
+    # The last number and, as the new request goes last, its queue position: one statement.
+    last_seq, ahead = session.execute(
+        select(
+            func.max(UnlearnRequest.queue_seq),
+            func.count().filter(unfinished(UnlearnRequest.status)),
+        ).where(UnlearnRequest.base_model_id == model.id)
+    ).one()
+    request = UnlearnRequest(
+        tenant_id=tenant_id,
+        base_model_id=model.id,
+        forget_dataset_id=forget.id,
+        retain_dataset_id=retain.id,
+        method=method,
+        params=checked,
+        meta=metadata or {},
+        idempotency_key=idempotency_key,
+        request_fingerprint=fp,
+        queue_seq=(last_seq or 0) + 1,
+        status=RequestStatus.QUEUED,
+        total_steps=step_cap(method, checked, n_forget=forget.rows),
+        created_by_key_id=actor_key_id,
+        enqueued_at=utcnow() if enqueued else None,
+    )
+    try:
+        with session.begin_nested():
+            session.add(request)
+            session.flush()
+    except IntegrityError:
+        # Only a concurrent request with the same Idempotency-Key gets here (queue_seq is under the lock).
+        existing = _by_idempotency_key(session, tenant_id, idempotency_key) if idempotency_key else None
+        if existing is None:
+            raise
+        return _replay(existing, fp), False, None
+    # What the response shows, known without loading it: its base model, and no adapter yet.
+    set_committed_value(request, "base_model", model)
+    set_committed_value(request, "adapter", None)
+    audit.append(
+        session,
+        action="unlearn_request.create",
+        subject_type="unlearn_request",
+        subject_id=request.id,
+        actor=actor,
+        actor_key_id=actor_key_id,
+        tenant_id=tenant_id,
+        data={
+            "base_model": model.name,
+            "method": method,
+            "params": checked,
+            "forget_sha256": forget.sha256,
+            "retain_sha256": retain.sha256,
+            "queue_seq": request.queue_seq,
+        },
+    )
+    return request, True, ahead
+
+
+def clear_enqueued(session: Session, *, request_id: str) -> None:
+    """The publish `submit_request(enqueued=True)` promised failed: let the reconciler send it soon."""
+    session.execute(
+        update(UnlearnRequest)
+        .where(UnlearnRequest.id == request_id)
+        .values(enqueued_at=None)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def get_request(session: Session, *, tenant_id: str | None, request_id: str) -> UnlearnRequest:
+    """The tenant's request (`tenant_id` None: any tenant's); NotFound otherwise."""
+    request = session.get(UnlearnRequest, request_id)
+    if request is None or (tenant_id is not None and request.tenant_id != tenant_id):
+        raise NotFound(f"no unlearn request {request_id!r}")
+    return request
+
+
+UNFINISHED_STATUSES = tuple(s for s in RequestStatus if s not in TERMINAL_STATUSES)
+
+
+def unfinished(status: Any) -> Any:
+    """`status IN (unfinished states)` with the values inline (not bound), so PostgreSQL's planner can match
+    the partial index ix_unlearn_requests_unfinished (models.UNFINISHED_SQL) even in a generic plan."""
+    return status.in_([literal_column(f"'{s.value}'") for s in UNFINISHED_STATUSES])
+
+
+def _queue_position_column() -> Any:
+    """A column: unfinished requests of the same base model ahead of a queued one (NULL when not queued)."""
+    other = aliased(UnlearnRequest)
+    ahead = (
+        select(func.count())
+        .select_from(other)
+        .where(
+            other.base_model_id == UnlearnRequest.base_model_id,
+            other.queue_seq < UnlearnRequest.queue_seq,
+            unfinished(other.status),
+        )
+        .correlate(UnlearnRequest)
+        .scalar_subquery()
+    )
+    return case((UnlearnRequest.status == RequestStatus.QUEUED, ahead), else_=None)
+
+
+@functools.cache
+def _view_query() -> Select[Any]:
+    """Built once: composing it (an aliased subquery, two joined loads) costs more CPU than running it."""
+    return (
+        select(UnlearnRequest, _queue_position_column())
+        .where(UnlearnRequest.id == bindparam("request_id"))
+        .options(joinedload(UnlearnRequest.base_model), joinedload(UnlearnRequest.adapter))
+    )
+
+
+def get_request_view(
+    session: Session, *, tenant_id: str | None, request_id: str
+) -> tuple[UnlearnRequest, int | None]:
+    """(request, queue_position) in one statement, with the base model and adapter the response shows;
+    NotFound as `get_request`."""
+    row = execute_read(session, _view_query(), {"request_id": request_id}).unique().one_or_none()
+    if row is None or (tenant_id is not None and row[0].tenant_id != tenant_id):
+        raise NotFound(f"no unlearn request {request_id!r}")
+    return row[0], row[1]
+
+
+def list_requests(
+    session: Session,
+    *,
+    tenant_id: str | None,
+    status: RequestStatus | None = None,
+    base_model: str | None = None,
+    limit: int = 100,
+    offset: int = 0,
+    after: tuple[datetime, str] | None = None,
+) -> list[UnlearnRequest]:
+    """Newest first; `after` (created_at, id) of the last request of the previous page starts after it."""
+    query = select(UnlearnRequest).order_by(UnlearnRequest.created_at.desc(), UnlearnRequest.id)
+    if after is not None:
+        created, rid = after
+        query = query.where(
+            UnlearnRequest.created_at <= created,  # a range the (tenant_id, created_at) index seeks to
+            (UnlearnRequest.created_at < created) | (UnlearnRequest.id > rid),
+        )
+    if tenant_id is not None:
+        query = query.where(UnlearnRequest.tenant_id == tenant_id)
+    if status is not None:
+        query = query.where(UnlearnRequest.status == status)
+    if base_model is not None:
+        query = query.join(BaseModel, UnlearnRequest.base_model_id == BaseModel.id).where(
+            BaseModel.name == base_model
+        )
+    return list(session.scalars(query.limit(limit).offset(offset)))
+
+
+def queue_position(session: Session, *, request: UnlearnRequest) -> int | None:
+    """How many unfinished requests of the same base model are ahead of a queued one (None once it left)."""
+    if request.status != RequestStatus.QUEUED:
+        return None
+    return session.scalar(
+        select(func.count())
+        .select_from(UnlearnRequest)
+        .where(
+            UnlearnRequest.base_model_id == request.base_model_id,
+            UnlearnRequest.queue_seq < request.queue_seq,
+            unfinished(UnlearnRequest.status),
+        )
+    )
+
+
+def queue_positions(session: Session, *, requests: list[UnlearnRequest]) -> dict[str, int]:
+    """`queue_position` of each queued request in `requests`, one query per base model among them."""
+    queued = [r for r in requests if r.status == RequestStatus.QUEUED]
+    ahead: dict[str, list[int]] = {}
+    for model_id in {r.base_model_id for r in queued}:
+        ahead[model_id] = sorted(
+            session.scalars(
+                select(UnlearnRequest.queue_seq).where(
+                    UnlearnRequest.base_model_id == model_id, unfinished(UnlearnRequest.status)
+                )
+            )
+        )
+    return {r.id: bisect.bisect_left(ahead[r.base_model_id], r.queue_seq) for r in queued}
+
+
+# --- progress -----------------------------------------------------------------------------------------------
+
+
+def step_cap(method: str, params: dict[str, Any] | None, *, n_forget: int | None = None) -> int | None:
+    """The run's outer-step cap as known before it runs: the request's `max_steps`, else its preset's or
+    BLADE's default; for a baseline, its published schedule over the `n_forget` forget rows in the preset the
+    service trains it with (`contracts.schedule`, what the worker runs); None when `n_forget` is unknown."""
+    given = (params or {}).get("max_steps")
+    if given:
+        return int(given)
+    if method == DEFAULT_METHOD:
+        return PRESET_MAX_STEPS.get(str((params or {}).get("preset")), DEFAULT_MAX_STEPS)
+    if not n_forget:
+        return None
+    overrides = {k: v for k, v in (params or {}).items() if k not in SERVICE_KEYS}
+    preset = (params or {}).get("preset") or service_preset(method)
+    config = make_config(method, preset=preset, overrides=overrides)
+    return schedule(cast(BaselineConfig, config), n_forget).total_steps
+
+
+def _with_service_keys(
+    session: Session,
+    tenant_id: str,
+    method: str,
+    params: dict[str, Any],
+    preset: str | None,
+    probe_datasets: dict[str, str] | None,
+) -> dict[str, Any]:
+    """`params` plus the validated `preset` and `probe_datasets` (see SERVICE_KEYS)."""
+    out = dict(params)
+    if preset is not None:
+        if preset not in REQUEST_PRESETS[method]:
+            raise Invalid(
+                f"preset: unknown preset {preset!r} for method {method!r}; choose one of "
+                f"{', '.join(REQUEST_PRESETS[method])}",
+                code="unknown_preset",
+                field="preset",
+            )
+        out["preset"] = preset
+    if probe_datasets:
+        if not isinstance(probe_datasets, dict):
+            raise Invalid(
+                "probe_datasets: must be an object of probe set -> dataset id", field="probe_datasets"
+            )
+        probes = {}
+        for kind, dataset_id in probe_datasets.items():
+            field = f"probe_datasets.{kind}"
+            if kind not in PROBE_KINDS:
+                raise Invalid(f"{field}: unknown probe set; use {', '.join(PROBE_KINDS)}", field=field)
+            probes[kind] = _dataset(session, tenant_id, dataset_id, field).id
+        out["probe_datasets"] = probes
+    return out
+
+
+@dataclass(frozen=True)
+class Progress:
+    step: int
+    total_steps: int | None
+    fraction: float | None
+    steps_per_s: float | None  # observed over the latest RATE_WINDOW steps while running
+    eta_seconds: float | None  # to the step cap at that rate (BLADE's convergence stop may end it sooner)
+    eta: datetime | None
+
+
+def progress_so_far(request: UnlearnRequest) -> Progress:
+    """Step, total (the cap) and fraction, without the rate."""
+    total = request.total_steps or step_cap(request.method, request.params)
+    fraction = min(1.0, request.step / total) if total else None
+    if request.status == RequestStatus.SUCCEEDED:
+        fraction = 1.0
+    return Progress(request.step, total, fraction, None, None, None)
+
+
+def progress(session: Session, *, request: UnlearnRequest) -> Progress:
+    """`progress_so_far` plus, while it runs, the step rate and the ETA, measured from the times the latest
+    steps were recorded."""
+    so_far = progress_so_far(request)
+    if request.status != RequestStatus.RUNNING:
+        return so_far
+    latest = session.execute(
+        select(TrainingEvent.step, TrainingEvent.created_at)
+        .where(TrainingEvent.request_id == request.id)
+        .order_by(TrainingEvent.step.desc())
+        .limit(RATE_WINDOW)
+    ).all()
+    if len(latest) < 2:
+        return so_far
+    (last_step, last_at), (first_step, first_at) = latest[0], latest[-1]
+    elapsed = (last_at - first_at).total_seconds()
+    if elapsed <= 0 or last_step <= first_step or not so_far.total_steps:
+        return so_far
+    rate = (last_step - first_step) / elapsed
+    eta = last_at + timedelta(seconds=max(0, so_far.total_steps - last_step) / rate)
+    eta_seconds = max(0.0, (eta - utcnow()).total_seconds())
+    return dataclasses.replace(so_far, steps_per_s=rate, eta_seconds=eta_seconds, eta=eta)
+
+
+def list_events(
+    session: Session, *, request_id: str, after_step: int | None = None, limit: int | None = None
+) -> list[dict[str, Any]]:
+    """The request's history records in step order (optionally only steps after `after_step`)."""
+    query = (
+        select(TrainingEvent.record)
+        .where(TrainingEvent.request_id == request_id)
+        .order_by(TrainingEvent.step)
+    )
+    if after_step is not None:
+        query = query.where(TrainingEvent.step > after_step)
+    if limit is not None:
+        query = query.limit(limit)
+    return list(session.scalars(query))
+
+
+def cancel_request(
+    session: Session,
+    *,
+    tenant_id: str,
+    request_id: str,
+    actor: str,
+    actor_key_id: str | None = None,
+    reason: str | None = None,
+) -> UnlearnRequest:
+    """Cancel: queued -> cancelled now; running/evaluating -> cancelling. Conflict once it has finished."""
+    request = session.scalars(
+        select(UnlearnRequest)
+        .where(UnlearnRequest.id == request_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).one_or_none()
+    if request is None or request.tenant_id != tenant_id:
+        raise NotFound(f"no unlearn request {request_id!r}")
+    status = RequestStatus(request.status)
+    if status in (RequestStatus.CANCELLED, RequestStatus.CANCELLING):
+        return request  # already asked for: nothing changes
+    if status in TERMINAL_STATUSES:
+        raise Conflict(
+            f"request {request_id} has already {status.value}; finished requests never change",
+            code="already_finished",
+        )
+    now = utcnow()
+    request.cancel_requested_at = now
+    if status == RequestStatus.QUEUED:
+        request.status, request.finished_at = RequestStatus.CANCELLED, now
+    else:
+        request.status = RequestStatus.CANCELLING
+    audit.append(
+        session,
+        action="unlearn_request.cancel",
+        subject_type="unlearn_request",
+        subject_id=request.id,
+        actor=actor,
+        actor_key_id=actor_key_id,
+        tenant_id=request.tenant_id,
+        reason=reason,
+        data={"from": status.value, "to": request.status.value},
+    )
+    return request
+
+
+# --- the worker's view -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DatasetRef:
+    id: str
+    name: str
+    storage_key: str
+    sha256: str
+    kind: str  # qa or text
+    format: str  # json, jsonl, json-lines-of-arrays, txt
+    rows: int
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """What a worker needs to run a request, detached from any session."""
+
+    request_id: str
+    tenant_id: str
+    status: RequestStatus
+    method: str
+    params: dict[str, Any]
+    metadata: dict[str, Any]
+    base_model_id: str
+    base_model_name: str
+    base_model_source: str
+    forget: DatasetRef
+    retain: DatasetRef
+    queue_seq: int
+    attempts: int
+    checkpoint_key: str | None
+    created_at: datetime
+
+
+def _ref(dataset: Dataset) -> DatasetRef:
+    return DatasetRef(
+        id=dataset.id,
+        name=dataset.name,
+        storage_key=dataset.storage_key,
+        sha256=dataset.sha256,
+        kind=dataset.kind,
+        format=dataset.format,
+        rows=dataset.rows,
+    )
+
+
+def load_work_item(session: Session, *, request_id: str) -> WorkItem:
+    """The request with its base model and its datasets' storage keys; NotFound if missing."""
+    request = get_request(session, tenant_id=None, request_id=request_id)
+    return WorkItem(
+        request_id=request.id,
+        tenant_id=request.tenant_id,
+        status=RequestStatus(request.status),
+        method=request.method,
+        params=dict(request.params or {}),
+        metadata=dict(request.meta or {}),
+        base_model_id=request.base_model_id,
+        base_model_name=request.base_model.name,
+        base_model_source=request.base_model.source,
+        forget=_ref(request.forget_dataset),
+        retain=_ref(request.retain_dataset),
+        queue_seq=request.queue_seq,
+        attempts=request.attempts,
+        checkpoint_key=request.checkpoint_key,
+        created_at=request.created_at,
+    )

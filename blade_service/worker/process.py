@@ -1,0 +1,58 @@
+"""The worker's pool processes: their id, what each one sets up (signals) and how one frees the accelerator.
+
+Importing this module connects the signals; `worker.tasks` does so for every worker process.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import socket
+import sys
+from typing import Any
+
+from celery import signals
+
+log = logging.getLogger("blade.worker")
+
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def worker_id() -> str:
+    """host:pid of this process (renewed in each forked pool child)."""
+    return WORKER_ID
+
+
+@signals.worker_process_init.connect(weak=False)
+def _after_fork(**_: Any) -> None:
+    """A forked pool child must not reuse the parent's pooled database connections (close=False: the parent
+    keeps using its own sockets)."""
+    from blade_service.persistence import db
+
+    for engine in list(getattr(db, "_engines", {}).values()):
+        engine.dispose(close=False)
+    global WORKER_ID
+    WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+
+
+@signals.worker_init.connect(weak=False)
+def _preload(**_: Any) -> None:
+    """Import the ML stack once in the main process, so each forked pool child (one per task on the GPU queue)
+    starts in milliseconds instead of re-importing torch. Importing torch does not initialise CUDA: that still
+    happens only inside a task, in the child."""
+    try:
+        import blade_core.evaluation.generation
+        import blade_core.evaluation.request
+        import blade_core.lora
+        import blade_core.unlearn  # noqa: F401
+    except ImportError as exc:  # the [ml] extra is missing: tasks will fail with a readable error
+        log.warning("worker.preload_failed", extra={"error": repr(exc)})
+
+
+def free_accelerator() -> None:
+    """Collect garbage and hand cached CUDA memory back, when torch is loaded and CUDA initialised."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()

@@ -1,5 +1,0 @@
-"""Typed Python client for the BLADE HTTP API (see `client.http`)."""
-
-from client.http import TERMINAL_STATES, ApiError, BladeClient
-
-__all__ = ["TERMINAL_STATES", "ApiError", "BladeClient"]
