@@ -23,7 +23,7 @@ import math
 import random
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -81,7 +81,7 @@ class BuildError(ValueError):
 
 
 def _read_qa(path: Path) -> list[dict[str, str]]:
-    from blade_core.records import DatasetError, read_records, validate_rows
+    from blade_service.contracts.records import DatasetError, read_records, validate_rows
 
     if not path.is_file():
         raise BuildError(f"{path}: missing: a TOFU-format dir needs {path.name} (see CONTRACT.md 'Files')")
@@ -264,7 +264,7 @@ def train(
     recipe: Recipe,
     seed: int,
     *,
-    monitor: dict[str, Sequence[dict[str, str]]],
+    monitor: Mapping[str, Sequence[dict[str, str]]],
     progress: bool = True,
     log: Callable[[str], None] | None = None,
 ):

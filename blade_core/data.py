@@ -18,7 +18,14 @@ from typing import Any
 
 import torch
 
-from blade_core.records import DatasetError, DatasetKind, Row, detect_kind, read_records, validate_rows
+from blade_service.contracts.records import (
+    DatasetError,
+    DatasetKind,
+    Row,
+    detect_kind,
+    read_records,
+    validate_rows,
+)
 
 IGNORE_INDEX = -100  # label of prompt and padding positions (PyTorch cross-entropy convention)
 
@@ -144,7 +151,7 @@ def tokenize_rows(
 
 
 def load_tokenized(path: str | Path, tokenizer: Any, max_length: int) -> TokenizedDataset:
-    """Read, validate (blade_core.records) and tokenise one forget/retain file."""
+    """Read, validate (contracts.records) and tokenise one forget/retain file."""
     rows, _layout = read_records(path)
     kind = detect_kind(rows)
     validate_rows(path, rows, ("question", "answer") if kind == "qa" else ("text",))
@@ -187,7 +194,7 @@ class BatchStream:
         return order
 
     def next_indices(self) -> list[int]:
-        picked = []
+        picked: list[int] = []
         while len(picked) < self.batch_size:
             if self.position >= len(self._order):
                 self.epoch, self.position = self.epoch + 1, 0

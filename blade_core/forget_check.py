@@ -44,7 +44,7 @@ def unchanged_warning(
 def probe_rows(path: str | Path, max_rows: int = PROBE_ROWS, seed: int = 0) -> list[dict[str, Any]]:
     """A seeded sample of the forget file's rows (every format `load_dataset_rows` reads)."""
     from blade_core.evaluation.tofu import sample_rows
-    from blade_core.records import load_dataset_rows
+    from blade_service.contracts.records import load_dataset_rows
 
     return list(sample_rows(load_dataset_rows(Path(path))[0], max_rows, seed))
 

@@ -16,10 +16,11 @@ from transformers import (
     AutoTokenizer,
     LlamaConfig,
     LlamaForCausalLM,
+    PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
 )
 
-from blade_core.errors import BaseModelUnavailable
+from blade_service.contracts.errors import BaseModelUnavailable
 
 SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
 
@@ -120,7 +121,7 @@ def fetch_hub_model(repo_id: str, revision: str | None = None) -> Path:
     return Path(str(path))
 
 
-def load_tokenizer(ref: str | Path, revision: str | None = None) -> PreTrainedTokenizerFast:
+def load_tokenizer(ref: str | Path, revision: str | None = None) -> PreTrainedTokenizerBase:
     """Tokenizer of a local model dir or hub id (at `revision`), with a pad token guaranteed (eos when the
     model has none)."""
     try:
@@ -152,7 +153,8 @@ def load_model(
         )
     except OSError as exc:  # no such dir or hub id, no safetensors weights, unreadable files
         raise BaseModelUnavailable(f"{ref}: the model could not be loaded: {exc}") from exc
-    return model.to(device)
+    module: torch.nn.Module = model  # transformers wraps PreTrainedModel.to in a way mypy misreads
+    return module.to(device)
 
 
 def load_model_and_tokenizer(

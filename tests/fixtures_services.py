@@ -115,9 +115,9 @@ def service_settings(pg_url, service_redis, tmp_path_factory):
 
 @contextmanager
 def celery_configured_for(settings) -> Iterator[Any]:
-    """Point this process's Celery app (`worker.celery_app.app`, what the API publishes with) at the settings'
+    """Point this process's Celery app (`broker.app.app`, what the API publishes with) at the settings'
     broker and result backend, as BLADE_BROKER_URL would at start-up; restore it afterwards."""
-    from blade_service.worker.celery_app import app, build_config
+    from blade_service.broker.app import app, build_config
 
     wanted = build_config(settings)
     saved = {key: app.conf.get(key) for key in wanted}

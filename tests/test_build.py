@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from blade_core.build import RECIPES, BuildError, answer_probs, build_model, training_rows
-from blade_core.records import read_records
 from blade_core.synth import write_world
 from blade_service.cli.main import main
+from blade_service.contracts.records import read_records
 from tests.fixtures_world import TinyWorld
 
 # A recipe that trains for two epochs: enough to exercise every path of a build in a few seconds.

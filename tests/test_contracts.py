@@ -178,9 +178,9 @@ def test_contracts_load_no_torch_and_the_worker_names_are_theirs():
     )
     subprocess.run([sys.executable, "-c", code], check=True)
     from blade_service.contracts import names as contract_names
-    from blade_service.worker import names as worker_names
+    from blade_service.worker import reconcile_task, unlearn_task
 
-    assert worker_names.TaskName is contract_names.TaskName and worker_names.ROUTES is contract_names.ROUTES
+    assert unlearn_task.TaskName is contract_names.TaskName is reconcile_task.TaskName
 
 
 def test_the_openapi_document_has_one_params_schema_per_method(tmp_path):

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from blade_core.data import BatchStream, collate, format_qa, load_tokenized, tokenize_rows
-from blade_core.records import DatasetError
 from blade_core.testing import tiny_qa_rows, tiny_tokenizer, write_rows
+from blade_service.contracts.records import DatasetError
 
 
 @pytest.fixture(scope="module")

@@ -201,9 +201,9 @@ def test_a_real_worker_serves_its_metrics(e2e, tmp_path):
     """A Celery worker (prefork, as in production) with BLADE_WORKER_METRICS_PORT: its tasks show up there."""
     import httpx
 
+    from blade_service.broker.app import make_celery
+    from blade_service.contracts.names import TaskName
     from blade_service.persistence.settings import Settings
-    from blade_service.worker.celery_app import make_celery
-    from blade_service.worker.names import TaskName
     from tests.fixtures_worker import free_port, stop_process, tail, wait_until
 
     port = free_port()

@@ -1,4 +1,4 @@
-"""The API's parameter table (blade_core/param_schema.py) against the engine's config dataclasses."""
+"""The API's parameter table (`contracts.params.describe`) against the engine's config dataclasses."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ import importlib.util
 import pytest
 
 from blade_core.methods import METHOD_NAMES
-from blade_core.param_schema import METHOD_PARAMS, NOT_TUNABLE, ParamError, validate_params
+from blade_service.contracts.errors import ParamError
+from blade_service.contracts.methods import NOT_TUNABLE
+from blade_service.contracts.params import describe, validate_params
+
+METHOD_PARAMS = {name: describe(name) for name in METHOD_NAMES}
 
 
 def test_every_method_has_a_schema():

@@ -11,9 +11,9 @@ import json
 
 import pytest
 
-from blade_core.errors import BaseModelUnavailable
 from blade_core.methods import METHOD_NAMES, service_preset
 from blade_core.testing import write_rows
+from blade_service.contracts.errors import BaseModelUnavailable
 from tests.fixtures_worker import forget_rows, retain_rows
 
 COMMON = {"max_steps": 2, "max_length": 64, "batch_size": 2, "show_progress": False}

@@ -200,8 +200,9 @@ def test_reconciler_republishes_lost_compactions_and_fails_dead_ones(
 ):
     from datetime import timedelta
 
+    from blade_service.broker import dispatch
     from blade_service.persistence.models import StackOperation, utcnow
-    from blade_service.worker import dispatch, stacks
+    from blade_service.worker import stacks
 
     sent: list[str] = []
     monkeypatch.setattr(dispatch, "enqueue_compact", lambda op_id: sent.append(op_id) or True)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from blade_core.records import PERTURBED_FIELDS, QA_FIELDS, read_records, validate_rows
 from blade_core.synth import (
     FACTS,
     N_PERTURBED,
@@ -20,6 +19,7 @@ from blade_core.synth import (
     write_world,
 )
 from blade_service.cli.main import main
+from blade_service.contracts.records import PERTURBED_FIELDS, QA_FIELDS, read_records, validate_rows
 
 CONTRACT_FILES = (
     "forget01_perturbed.json",

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
+from blade_service.broker.app import build_config
+from blade_service.contracts.names import ROUTES, Queue, TaskName
 from blade_service.persistence.settings import Settings
-from blade_service.worker.celery_app import build_config
-from blade_service.worker.names import ROUTES, Queue, TaskName
 from tests.fixtures_worker import ROOT
 from tests.tiers import unavailable
 
@@ -98,8 +98,9 @@ def _run(code: str, env: dict[str, str] | None = None, timeout: float = 60) -> s
 
 def test_api_side_never_imports_torch(tmp_path):
     code = (
-        "import sys, blade_service.worker.celery_app, blade_service.worker.dispatch\n"
-        "import blade_service.worker.names, blade_service.client, blade_service.persistence.jobs\n"
+        "import sys, blade_service.api.main, blade_service.broker.app, blade_service.broker.dispatch\n"
+        "import blade_service.client, blade_service.persistence.jobs\n"
+        "assert not [m for m in sys.modules if m.startswith('blade_service.worker')], 'imports the worker'\n"
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]\n"
         "print('ok')"
     )
@@ -108,7 +109,7 @@ def test_api_side_never_imports_torch(tmp_path):
 
 
 def test_enqueue_with_the_broker_down_leaves_the_request_to_the_reconciler(tmp_path):
-    code = "from blade_service.worker.dispatch import enqueue_unlearn\nprint(enqueue_unlearn('req_x'))"
+    code = "from blade_service.broker.dispatch import enqueue_unlearn\nprint(enqueue_unlearn('req_x'))"
     done = _run(
         code,
         {
@@ -131,7 +132,7 @@ def test_generate_waits_a_bounded_time_when_no_worker_answers(tmp_path):
     except redis.exceptions.ConnectionError:
         unavailable("no Redis at 127.0.0.1:6379")
     code = (
-        "from blade_service.worker.dispatch import generate, GenerateTimeout\n"
+        "from blade_service.broker.dispatch import generate, GenerateTimeout\n"
         "try:\n    generate('m', 'p', 4, timeout=1.5)\nexcept GenerateTimeout as e:\n"
         "    print('timeout', e.code)"
     )

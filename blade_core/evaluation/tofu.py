@@ -43,7 +43,7 @@ from blade_core.data import format_qa
 from blade_core.evaluation import metrics as M
 from blade_core.evaluation.generation import ROUGE_MAX_NEW_TOKENS, generate
 from blade_core.evaluation.scoring import RowScore, gradient_norms_qa, mean_nlls, score_qa
-from blade_core.records import DatasetError, read_records, validate_rows
+from blade_service.contracts.records import DatasetError, read_records, validate_rows
 
 MIA_ATTACKS: tuple[str, ...] = ("loss", "zlib", "min_k", "min_k_plus_plus", "gradnorm")
 PRIVLEAK_ATTACK = "min_k"  # OpenUnlearning configs/eval/tofu_metrics/privleak.yaml pre_compute: mia_min_k
@@ -220,7 +220,7 @@ def mia_scores(scores: Sequence[RowScore], tokenizer, k: float = DEFAULT_K) -> d
         out["loss"].append(M.mia_loss_score(s.token_logprobs))
         out["zlib"].append(M.mia_zlib_score(s.mean_nll, text))
         out["min_k"].append(M.mia_min_k_score(cut.token_logprobs, k))
-        if cut.vocab_mu is not None:
+        if cut.vocab_mu is not None and cut.vocab_sigma2 is not None:  # scored with vocab_stats: both set
             out["min_k_plus_plus"].append(
                 M.mia_min_k_plus_plus_score(cut.token_logprobs, cut.vocab_mu, cut.vocab_sigma2, k)
             )
@@ -266,20 +266,23 @@ def as_gold(gold: dict[str, Any] | str | Path | None) -> dict[str, Any] | None:
     """A gold reference from None, a reference dict, a full evaluate_split result, or a JSON file of one."""
     if gold is None:
         return None
+    reference: dict[str, Any]
     if isinstance(gold, (str, Path)):
         path = Path(gold)
         try:
-            gold = json.loads(path.read_text())
+            reference = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise ValueError(f"{path}: cannot read the gold reference ({exc})") from None
-    if "gold_reference" in gold:
-        gold = gold["gold_reference"]
-    missing = [k for k in ("forget_truth_ratios", "mia_auc") if k not in gold]
+    else:
+        reference = gold
+    if "gold_reference" in reference:
+        reference = reference["gold_reference"]
+    missing = [k for k in ("forget_truth_ratios", "mia_auc") if k not in reference]
     if missing:
         raise ValueError(
             f"gold reference lacks {', '.join(missing)} (pass the `blade eval` JSON of the gold model)"
         )
-    return gold
+    return reference
 
 
 def reference_for_gold(
@@ -368,8 +371,9 @@ def evaluate_split(
         result["retain"] = retain_block(model, tokenizer, retain, **kw)
         result["n"]["retain"] = len(retain)
     for name in ("real_authors", "world_facts"):
-        if files[name] is not None:
-            rows = load_rows(files[name], ("question", "answer", "perturbed_answer"))
+        probe_path = files[name]
+        if probe_path is not None:
+            rows = load_rows(probe_path, ("question", "answer", "perturbed_answer"))
             rows = sample_rows(rows, max_rows, seed)
             log(f"{name}: {len(rows)} rows")
             result[name] = probe_block(model, tokenizer, rows, **kw)

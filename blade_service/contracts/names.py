@@ -1,6 +1,6 @@
 """Task names, queue names and priorities: constants in one place, never string literals scattered around.
 
-Imported by the API (to publish) and by the worker (to register; `worker.names` re-exports them); nothing
+Imported by the API (to publish) and by the worker (to register); nothing
 here imports Celery or torch.
 """
 

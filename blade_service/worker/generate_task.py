@@ -11,13 +11,13 @@ from typing import Any
 
 from sqlalchemy import select
 
+from blade_service.contracts.names import TaskName
 from blade_service.persistence.db import session_scope
 from blade_service.persistence.models import BaseModel
 from blade_service.persistence.settings import get_settings
 from blade_service.persistence.storage import get_storage
 from blade_service.worker.artifacts import active_stack, fetch_adapter, resolve_base_model
 from blade_service.worker.celery_app import app
-from blade_service.worker.names import TaskName
 from blade_service.worker.process import free_accelerator
 
 log = logging.getLogger("blade.worker")

@@ -30,9 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from blade_service.broker.app import HEADER_PUBLISHED_AT
+
 log = logging.getLogger("blade.worker.metrics")
 
-HEADER_PUBLISHED_AT = "blade_published_at"
 HEARTBEAT_EVERY_S = 5.0
 RUNNING_LABELS = ("request_id", "base_model", "method")
 
@@ -256,11 +257,6 @@ def _task_name(task: Any, sender: Any = None) -> str:
     return str(getattr(task, "name", None) or getattr(sender, "name", None) or sender or "unknown")
 
 
-def _on_publish(headers: dict | None = None, **_: Any) -> None:
-    if headers is not None:
-        headers.setdefault(HEADER_PUBLISHED_AT, time.time())
-
-
 def _on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
     m = metrics()
     _task_started[task_id or ""] = time.monotonic()
@@ -342,10 +338,9 @@ def _on_worker_shutdown(**_: Any) -> None:
 
 
 def connect_signals() -> None:
-    """Connect the handlers (the publish hook acts in every process that publishes; the rest in workers)."""
+    """Connect the handlers (the publish-time header they read is stamped by `broker.app`)."""
     from celery import signals
 
-    signals.before_task_publish.connect(_on_publish, weak=False, dispatch_uid="blade-metrics-publish")
     signals.task_prerun.connect(_on_prerun, weak=False, dispatch_uid="blade-metrics-prerun")
     signals.task_postrun.connect(_on_postrun, weak=False, dispatch_uid="blade-metrics-postrun")
     signals.worker_init.connect(_on_worker_init, weak=False, dispatch_uid="blade-metrics-worker-init")

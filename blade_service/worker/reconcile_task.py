@@ -10,13 +10,13 @@ from typing import Any
 
 from sqlalchemy import text
 
+from blade_service.broker.dispatch import enqueue_unlearn
+from blade_service.contracts.names import TaskName
 from blade_service.persistence import audit, audit_heads, jobs, retention
 from blade_service.persistence.db import session_scope
 from blade_service.persistence.settings import Settings, get_settings
 from blade_service.persistence.storage import get_storage
 from blade_service.worker.celery_app import app
-from blade_service.worker.dispatch import enqueue_unlearn
-from blade_service.worker.names import TaskName
 from blade_service.worker.observability import metrics as worker_metrics
 from blade_service.worker.stacks import reconcile_operations
 

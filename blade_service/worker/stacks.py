@@ -25,6 +25,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from blade_service.contracts.names import TaskName
 from blade_service.persistence import policy as policy_rules
 from blade_service.persistence import registry
 from blade_service.persistence.db import session_scope
@@ -34,7 +35,6 @@ from blade_service.persistence.storage import Storage, get_storage
 from blade_service.worker.artifacts import dataset_suffix, fetch_adapter, fetch_dataset, resolve_base_model
 from blade_service.worker.celery_app import app
 from blade_service.worker.errors import TaskFailure
-from blade_service.worker.names import TaskName
 from blade_service.worker.process import free_accelerator
 
 log = logging.getLogger("blade.worker.stacks")
@@ -63,7 +63,7 @@ def base_reference(
 
 
 def load_rows(storage: Storage, dataset: dict[str, str], dest: Path) -> list[dict[str, Any]]:
-    from blade_core.records import load_dataset_rows
+    from blade_service.contracts.records import load_dataset_rows
 
     dest.mkdir(parents=True, exist_ok=True)
     path = fetch_dataset(storage, dataset, dest / f"{dataset['id']}{dataset_suffix(dataset['key'])}")
@@ -355,7 +355,7 @@ def reconcile_operations(settings: Settings, *, requeue_after_s: float) -> list[
     """Re-publish queued compactions whose message may be lost; fail those whose worker died. The ids sent."""
     from datetime import timedelta
 
-    from blade_service.worker.dispatch import enqueue_compact
+    from blade_service.broker.dispatch import enqueue_compact
 
     now, sent = utcnow(), []
     with session_scope(settings) as session:

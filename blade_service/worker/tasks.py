@@ -10,7 +10,7 @@
 The pieces they share: `worker.process` (pool-process signals), `worker.artifacts` (storage keys, the local
 cache, base models), `worker.lease` (the lease heartbeat), `worker.errors` (typed failures).
 
-    celery -A worker.celery_app:app worker -Q unlearn -c 1 --max-tasks-per-child 1    # or: blade worker
+    celery -A blade_service.worker.celery_app:app worker -Q unlearn -c 1 --max-tasks-per-child 1
 """
 
 from __future__ import annotations

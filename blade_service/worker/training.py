@@ -33,7 +33,7 @@ def planned_steps(
     if config.max_steps is not None:
         return int(config.max_steps)
     from blade_core.methods._loop import schedule
-    from blade_core.records import load_dataset_rows
+    from blade_service.contracts.records import load_dataset_rows
 
     return schedule(config, len(load_dataset_rows(forget_path)[0])).total_steps
 

@@ -16,7 +16,7 @@ The life of one unlearn task (`unlearn(request_id=...)`):
    `succeeded`. Failures set `failed` with a code and a message; a cancel ends as `cancelled`;
 6. publish the next request of the same base model (its task may have been dropped while it waited).
 
-    celery -A worker.celery_app:app worker -Q unlearn -c 1 --max-tasks-per-child 1    # or: blade worker
+    celery -A blade_service.worker.celery_app:app worker -Q unlearn -c 1 --max-tasks-per-child 1
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 
+from blade_service.broker.dispatch import enqueue_unlearn
+from blade_service.contracts.names import TaskName
 from blade_service.persistence import jobs, registry
 from blade_service.persistence.db import session_scope
 from blade_service.persistence.models import AdapterState, AdapterVersion, RequestStatus, UnlearnRequest
@@ -47,10 +49,8 @@ from blade_service.worker.artifacts import (
 )
 from blade_service.worker.celery_app import app
 from blade_service.worker.cleanup import cleanup_terminal, issue_certificate
-from blade_service.worker.dispatch import enqueue_unlearn
 from blade_service.worker.errors import TaskFailure, classify
 from blade_service.worker.lease import LeaseKeeper
-from blade_service.worker.names import TaskName
 from blade_service.worker.process import free_accelerator, worker_id
 from blade_service.worker.run_context import RunContext, load_context
 from blade_service.worker.stacks import base_reference, gate_verdict
@@ -149,7 +149,7 @@ def _run_request(ctx: RunContext, lease: LeaseKeeper) -> str:
     out_dir = ctx.workdir / "adapter"
     staged = adapter_key(base_model_id=ctx.base_model_id, request_id=ctx.request_id)
 
-    from blade_core.records import load_dataset_rows
+    from blade_service.contracts.records import load_dataset_rows
 
     forget_rows = load_dataset_rows(forget_path)[0]
     retain_rows = load_dataset_rows(retain_path)[0]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from blade_service.contracts.names import TaskName
 from blade_service.persistence import webhooks
 from blade_service.persistence.db import session_scope
 from blade_service.persistence.settings import get_settings
 from blade_service.worker.celery_app import app
-from blade_service.worker.names import TaskName
 
 log = logging.getLogger("blade.worker")
 

@@ -102,7 +102,7 @@ def generate_text(name: str, body: GenerateIn, session: SessionDep, settings: Se
 
 
 def _dispatch_generate(base_model: str, prompt: str, max_new_tokens: int, timeout: float) -> str:
-    from blade_service.worker import dispatch
+    from blade_service.broker import dispatch
 
     try:
         return dispatch.generate(base_model, prompt, max_new_tokens=max_new_tokens, timeout=timeout)

@@ -63,7 +63,7 @@ def submit_request(
 def publish_submitted(session: Session, request_id: str) -> None:
     """Publish a request committed with `enqueued_at` set; if the broker is down, clear it so the
     reconciler sends it within its publish grace instead of its requeue delay."""
-    from blade_service.worker.dispatch import enqueue_unlearn
+    from blade_service.broker.dispatch import enqueue_unlearn
 
     if enqueue_unlearn(request_id):
         return
@@ -78,8 +78,8 @@ def publish_submitted(session: Session, request_id: str) -> None:
 def enqueue(session: Any, request_id: str) -> None:
     """Hand the committed request to the workers; if the broker is down the reconciler sends it later."""
     try:
+        from blade_service.broker.dispatch import enqueue_unlearn
         from blade_service.persistence import jobs
-        from blade_service.worker.dispatch import enqueue_unlearn
 
         if enqueue_unlearn(request_id):
             jobs.mark_enqueued(session, request_ids=[request_id])

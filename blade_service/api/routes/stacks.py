@@ -64,7 +64,7 @@ def compact(name: str, body: CompactIn, session: SessionDep, key: AdminKey):
         operator=auth.is_operator(key),
     )
     session.commit()
-    from blade_service.worker import dispatch
+    from blade_service.broker import dispatch
 
     dispatch.enqueue_compact(op.id)
     return StackOperationOut.of(op)
@@ -122,7 +122,7 @@ def export(
             code="shared_model_export",
         )
     session.close()  # hold no connection while a worker builds the archive
-    from blade_service.worker import dispatch
+    from blade_service.broker import dispatch
 
     try:
         built = dispatch.export(

@@ -1,6 +1,7 @@
-"""API-side helpers that publish work to the workers. Torch-free; imports only the Celery app.
+"""Publishing work to the workers, by task name: the API's side of the queue (the reconciler and the worker's
+stack tasks publish through it too). Torch-free; it imports only the Celery app.
 
-from blade_service.worker.dispatch import enqueue_unlearn, generate
+from blade_service.broker.dispatch import enqueue_unlearn, generate
 enqueue_unlearn(request.id)                          # after the request row is committed
 text = generate("demo-tiny", "Who wrote ...?", max_new_tokens=32, timeout=60)
 """
@@ -10,9 +11,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from blade_service.worker.names import Priority, Queue, TaskName
+from blade_service.contracts.names import Priority, Queue, TaskName
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +34,8 @@ class GenerateTimeout(DispatchError, TimeoutError):
     """No worker answered within the bounded wait."""
 
 
-def _app():
-    from blade_service.worker.celery_app import app
+def _app() -> Celery:
+    from blade_service.broker.app import app
 
     return app
 
