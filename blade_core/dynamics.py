@@ -23,12 +23,15 @@ def violated(r: float, epsilon: float) -> bool:
     return r > epsilon
 
 
+@dataclass
 class _State:
+    """Base of the rule dataclasses (no fields of its own): checkpointing by their fields."""
+
     def state_dict(self) -> dict[str, Any]:
-        return asdict(self)  # type: ignore[call-overload]
+        return asdict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for f in fields(self):  # type: ignore[arg-type]
+        for f in fields(self):
             if f.name in state:
                 setattr(self, f.name, state[f.name])
 

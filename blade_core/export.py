@@ -82,7 +82,7 @@ def export_merged(
     target_dtype = getattr(model.config, "torch_dtype", None) or getattr(model.config, "dtype", None)
     model = lora.load_stack(model, adapter_dirs)
     if lora.is_peft(model):
-        model = model.merge_and_unload()  # type: ignore[operator]  # peft's method, typed as a module attribute
+        model = model.merge_and_unload()
     if isinstance(target_dtype, torch.dtype) and target_dtype != torch.float32:
         model = model.to(target_dtype)
     out_dir = Path(out_dir)

@@ -14,12 +14,16 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 import torch
 from torch import nn
 
 from blade_core.methods.base import MethodConfig
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from peft.tuners.lora import LoraModel
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -47,7 +51,8 @@ def default_target_modules(model: nn.Module) -> list[str]:
             continue  # the insides of a LoRA layer
         if isinstance(mod, kinds):
             names.add(parts[-1])
-    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    get_output_embeddings = getattr(model, "get_output_embeddings", None)
+    output = get_output_embeddings() if get_output_embeddings is not None else None
     out_names = {name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if mod is output}
     llama = [n for n in LLAMA_TARGETS if n in names]
     if llama:
@@ -58,7 +63,7 @@ def default_target_modules(model: nn.Module) -> list[str]:
     return found
 
 
-def is_peft(model: nn.Module) -> bool:
+def is_peft(model: nn.Module) -> TypeGuard[PeftModel]:
     from peft import PeftModel
 
     return isinstance(model, PeftModel)
@@ -68,10 +73,11 @@ def adapter_names(model: nn.Module) -> list[str]:
     return list(model.peft_config) if is_peft(model) else []
 
 
-def _activate(model: nn.Module, names: Sequence[str], trainable: str | None) -> None:
+def _activate(model: PeftModel, names: Sequence[str], trainable: str | None) -> None:
     """Make `names` the active adapters (all summed) and freeze every parameter except `trainable`'s LoRA
     ones."""
-    model.base_model.set_adapter(list(names))
+    tuner = cast("LoraModel", model.base_model)  # its set_adapter takes several names; PeftModel's one
+    tuner.set_adapter(list(names))
     mark_trainable(model, trainable)
 
 
@@ -81,7 +87,7 @@ def mark_trainable(model: nn.Module, adapter: str | None) -> list[str]:
     names = []
     for name, param in model.named_parameters():
         param.requires_grad = (
-            bool(marker) and "lora_" in name and (marker in name or name.endswith(f".{adapter}"))
+            marker is not None and "lora_" in name and (marker in name or name.endswith(f".{adapter}"))
         )
         if param.requires_grad:
             names.append(name)
@@ -92,8 +98,9 @@ def lora_config(model: nn.Module, config: MethodConfig) -> Any:
     from peft import LoraConfig
 
     targets = list(config.lora_target_modules) if config.lora_target_modules else None
-    if targets is None and callable(getattr(config, "lora_targets", None)):
-        targets = config.lora_targets(model)  # a method that trains named modules only (RMU)
+    method_targets = getattr(config, "lora_targets", None)  # a method that trains named modules only (RMU)
+    if targets is None and callable(method_targets):
+        targets = method_targets(model)
     targets = targets or default_target_modules(model)
     return LoraConfig(
         r=config.lora_r,
@@ -114,10 +121,11 @@ def attach_adapter(model: nn.Module, config: MethodConfig, name: str = "unlearn"
         if name in model.peft_config:
             raise ValueError(f"adapter name {name!r} is already in use")
         model.add_adapter(name, lora_config(model.get_base_model(), config))
+        peft_model = model
     else:
-        model = get_peft_model(model, lora_config(model, config), adapter_name=name)
-    _activate(model, adapter_names(model), trainable=name)
-    return model
+        peft_model = get_peft_model(model, lora_config(model, config), adapter_name=name)
+    _activate(peft_model, adapter_names(peft_model), trainable=name)
+    return peft_model
 
 
 def check_adapter_dir(path: str | Path) -> Path:
@@ -142,7 +150,7 @@ def load_stack(model: nn.Module, adapter_dirs: Sequence[str | Path]) -> nn.Modul
         else:
             model = PeftModel.from_pretrained(model, str(directory), adapter_name=name, is_trainable=False)
         names.append(name)
-    _activate(model, adapter_names(model), trainable=None)
+    _activate(cast("PeftModel", model), adapter_names(model), trainable=None)  # a PeftModel once one loaded
     return model
 
 
@@ -164,7 +172,7 @@ def save_adapter(model: nn.Module, out_dir: str | Path, name: str = "unlearn") -
     state = get_peft_model_state_dict(model, adapter_name=name)
     state = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
     save_file(state, str(out_dir / "adapter_model.safetensors"), metadata={"format": "pt"})
-    config = model.peft_config[name]
+    config = cast("PeftModel", model).peft_config[name]
     config.save_pretrained(str(out_dir))
     # peft records the adapter's own inference_mode; a saved adapter is loaded for inference by default.
     cfg_path = out_dir / "adapter_config.json"

@@ -15,7 +15,7 @@ computation in value and gradient, `tests/test_engine_losses.py`).
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +39,9 @@ def shift_targets(labels: torch.Tensor) -> torch.Tensor:
     return targets.reshape(-1)
 
 
-def _entropy_chunk(z: torch.Tensor, threshold: float, want_grad: bool = True):
+def _entropy_chunk(
+    z: torch.Tensor, threshold: float, want_grad: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Chunk (n, V) -> (loss (n,), dloss/dz (n, V) or None, H (n,)) of max(0, threshold - H(softmax z)).
 
     Two (n, V) buffers at most: log p, then p log p in place of it, then the gradient in place of that.
@@ -57,7 +59,9 @@ def _entropy_chunk(z: torch.Tensor, threshold: float, want_grad: bool = True):
     return loss, grad, entropy
 
 
-def _cross_entropy_chunk(z: torch.Tensor, target: torch.Tensor, want_grad: bool = True):
+def _cross_entropy_chunk(
+    z: torch.Tensor, target: torch.Tensor, want_grad: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """fp32 chunk (n, V), targets (n,) -> (loss (n,), dloss/dz (n, V) or None) of -log softmax(z)[target]."""
     logp = F.log_softmax(z.float(), dim=-1)  # (n, V)
     safe = target.clamp(min=0)
@@ -74,7 +78,15 @@ class _ChunkedTokenLoss(torch.autograd.Function):
     """sum_i w_i * loss_i(logits_i) over positions i, evaluated in chunks of positions (module docstring)."""
 
     @staticmethod
-    def forward(ctx, logits2d, weights, targets, kind, param, chunk):  # logits2d (N, V), weights (N,)
+    def forward(  # logits2d (N, V), weights (N,)
+        ctx: Any,
+        logits2d: torch.Tensor,
+        weights: torch.Tensor,
+        targets: torch.Tensor,
+        kind: str,
+        param: float,
+        chunk: int,
+    ) -> torch.Tensor:
         total = torch.zeros((), dtype=torch.float32, device=logits2d.device)
         for start in range(0, logits2d.shape[0], chunk):
             sl = slice(start, start + chunk)
@@ -89,7 +101,7 @@ class _ChunkedTokenLoss(torch.autograd.Function):
         return total
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         logits2d, weights, targets = ctx.saved_tensors
         grad = torch.empty_like(logits2d)  # (N, V) in the logits' dtype: the buffer autograd needs anyway
         for start in range(0, logits2d.shape[0], ctx.chunk):
@@ -98,6 +110,7 @@ class _ChunkedTokenLoss(torch.autograd.Function):
                 _, g, _ = _entropy_chunk(logits2d[sl], ctx.param)
             else:
                 _, g = _cross_entropy_chunk(logits2d[sl], targets[sl])
+            assert g is not None  # want_grad defaults to True: the chunk's gradient is always returned
             grad[sl] = g.mul_((weights[sl] * grad_out)[:, None])  # in place: no third (chunk, V) buffer
         return grad, None, None, None, None, None
 
@@ -124,7 +137,8 @@ def clamped_entropy_loss(
     threshold = tau * math.log(logits.shape[-1])
     weights = shift_weights(mask)
     targets = torch.empty(0, dtype=torch.long, device=logits.device)
-    return _ChunkedTokenLoss.apply(_flat(logits), weights, targets, "entropy", threshold, chunk)
+    loss: torch.Tensor = _ChunkedTokenLoss.apply(_flat(logits), weights, targets, "entropy", threshold, chunk)
+    return loss
 
 
 def token_cross_entropy(
@@ -135,7 +149,10 @@ def token_cross_entropy(
     logits (B, T, V); labels (B, T) with -100 on prompt/padding. Extra memory O(chunk x V).
     """
     weights = shift_weights(labels != IGNORE_INDEX)
-    return _ChunkedTokenLoss.apply(_flat(logits), weights, shift_targets(labels), "ce", 0.0, chunk)
+    loss: torch.Tensor = _ChunkedTokenLoss.apply(
+        _flat(logits), weights, shift_targets(labels), "ce", 0.0, chunk
+    )
+    return loss
 
 
 # ------------------------------------------------------------ fused with the LM head (no (B, T, V) logits)
@@ -151,7 +168,16 @@ class _FusedLinearTokenLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden2d, head, weights, targets, kind, param, chunk):  # hidden2d (N, d), head (V, d)
+    def forward(  # hidden2d (N, d), head (V, d)
+        ctx: Any,
+        hidden2d: torch.Tensor,
+        head: torch.Tensor,
+        weights: torch.Tensor,
+        targets: torch.Tensor,
+        kind: str,
+        param: float,
+        chunk: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         total = torch.zeros((), dtype=torch.float32, device=hidden2d.device)
         entropy_sum = torch.zeros((), dtype=torch.float32, device=hidden2d.device)
@@ -185,7 +211,9 @@ class _FusedLinearTokenLoss(torch.autograd.Function):
         return total, entropy_sum
 
     @staticmethod
-    def backward(ctx, grad_out, _grad_entropy):
+    def backward(
+        ctx: Any, grad_out: torch.Tensor, _grad_entropy: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, ...]:
         saved = list(ctx.saved_tensors)
         grad_h = saved.pop(0) * grad_out if ctx.has[0] else None
         grad_w = (saved.pop(0) * grad_out).to(ctx.head_dtype) if ctx.has[1] else None
@@ -217,6 +245,7 @@ def fused_token_cross_entropy(
 ) -> torch.Tensor:
     """`token_cross_entropy` of the logits h W^T from the final hidden states, without (B, T, V) logits."""
     weights = shift_weights(labels != IGNORE_INDEX)
+    loss: torch.Tensor
     loss, _ = _FusedLinearTokenLoss.apply(
         _flat_hidden(hidden), head, weights, shift_targets(labels), "ce", 0.0, chunk
     )

@@ -18,6 +18,7 @@ import hashlib
 import json
 import random
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,7 +112,7 @@ def name_side(text: str) -> str:
 class _Namer:
     """Fresh pronounceable names, never the same twice within one world; people and titles of one `side`."""
 
-    def __init__(self, rng: random.Random, side: str | None = None, used: set[str] | None = None):
+    def __init__(self, rng: random.Random, side: str | None = None, used: AbstractSet[str] | None = None):
         self.rng, self.side, self.used = rng, side, set(used or ())
 
     def _stem(self, syllables: int) -> str:

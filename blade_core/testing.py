@@ -13,11 +13,14 @@ import json
 import random
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from blade_core.modeling import new_llama, train_tokenizer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 _FIRST = (
     "Ada",
@@ -213,7 +216,7 @@ def write_tiny_model(
     if fit_rows:
         fit_tiny_model(model, tokenizer, fit_rows, steps=fit_steps, seed=seed)
     directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(directory), safe_serialization=True)
+    cast("PreTrainedModel", model).save_pretrained(str(directory), safe_serialization=True)
     tokenizer.save_pretrained(str(directory))
     return directory
 

@@ -21,12 +21,16 @@ import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from blade_core.methods import get_method
 from blade_core.methods.base import Hooks, MethodConfig, RunStatus
 from blade_service.contracts.methods import PRESETS
 from blade_service.contracts.params import make_config
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
 
 
 @dataclass
@@ -165,7 +169,7 @@ def run_unlearning(
         net = lora.attach_adapter(net, config)
     else:
         if adapters:
-            net = net.merge_and_unload()  # full fine-tuning trains the merged weights
+            net = cast("PeftModel", net).merge_and_unload()  # full fine-tuning trains the merged weights
         for p in net.parameters():
             p.requires_grad = True
     config, rule = lr_rule.apply_lr_rule(
@@ -179,8 +183,9 @@ def run_unlearning(
     probe = forget_check.probe_rows(forget)
     prob_before = forget_check.forget_prob(net, tokenizer, probe)
     if dev.type == "cuda" and getattr(config, "gradient_checkpointing", True):
-        net.config.use_cache = False
-        net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        hf_net = cast("PreTrainedModel", net)  # a transformers model (or a PeftModel forwarding to one)
+        hf_net.config.use_cache = False
+        hf_net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     net.train()
 
     hooks = hooks or Hooks()
@@ -205,7 +210,7 @@ def run_unlearning(
         lora.save_adapter(net, out_dir)
         saved = f"PEFT adapter written to {out_dir}"
     else:
-        net.save_pretrained(str(out_dir), safe_serialization=True)
+        cast("PreTrainedModel", net).save_pretrained(str(out_dir), safe_serialization=True)
         tokenizer.save_pretrained(str(out_dir))
         saved = f"use_lora=False: a full model dir (not an adapter) written to {out_dir}"
     (out_dir / "history.json").write_text(json.dumps(result.history, indent=1))

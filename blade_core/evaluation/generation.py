@@ -89,7 +89,7 @@ def generate_from_ids(
 def _generate_batch(
     model: torch.nn.Module,
     tokenizer: Any,
-    batch: Sequence[list[int]],
+    batch: Sequence[Sequence[int]],
     pad: int,
     device: torch.device,
     max_new_tokens: int,
@@ -111,7 +111,9 @@ def _generate_batch(
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.bos_token_id,
     )
-    out = model.generate(
+    # generate is transformers' GenerationMixin method, hidden from mypy behind nn.Module.__getattr__ (and
+    # its self type is a private protocol a cast cannot name)
+    out = model.generate(  # type: ignore[operator]
         input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config
     )  # (B, width + new)
     return tokenizer.batch_decode(

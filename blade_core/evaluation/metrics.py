@@ -69,7 +69,7 @@ def _rows(wrong_nll, n: int) -> list[np.ndarray]:
 
 
 def normalised_prob_values(
-    correct_nll: Sequence[float] | np.ndarray, wrong_nll: Sequence[Sequence[float]] | np.ndarray
+    correct_nll: Sequence[float] | np.ndarray, wrong_nll: Sequence[Sequence[float] | np.ndarray] | np.ndarray
 ) -> np.ndarray:
     """Per-row answer probability normalised against the perturbed (wrong) options.
 
@@ -94,7 +94,7 @@ def normalised_prob(correct_nll, wrong_nll) -> float:
 
 
 def truth_ratio_values(
-    correct_nll: Sequence[float] | np.ndarray, wrong_nll: Sequence[Sequence[float]] | np.ndarray
+    correct_nll: Sequence[float] | np.ndarray, wrong_nll: Sequence[Sequence[float] | np.ndarray] | np.ndarray
 ) -> np.ndarray:
     """Per-row truth ratio TR = P_wrong / P_correct, both length-normalised.
 

@@ -154,7 +154,7 @@ def robustness_report(
 ) -> dict[str, Any]:
     """All robustness probes on the forget rows, beside the plain-question baseline on the same rows."""
     rows = list(forget_rows)
-    kw = {"batch_size": batch_size, "max_new_tokens": max_new_tokens}
+    kw: dict[str, Any] = {"batch_size": batch_size, "max_new_tokens": max_new_tokens}
     report: dict[str, Any] = {
         "plain": prob_and_rouge(model, tokenizer, *_questions_answers(rows), **kw),
         "jailbreak": jailbreak_probes(model, tokenizer, rows, **kw),

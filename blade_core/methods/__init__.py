@@ -12,7 +12,8 @@ def get_method(name: str) -> Method:
     """The method registered under `name`; ValueError listing the known names otherwise."""
     if name not in METHOD_NAMES:
         raise ValueError(f"unknown method {name!r}; choose one of {', '.join(METHOD_NAMES)}")
-    return importlib.import_module(f"blade_core.methods.{name}").METHOD
+    method: Method = importlib.import_module(f"blade_core.methods.{name}").METHOD
+    return method
 
 
 __all__ = ["METHOD_NAMES", "SERVICE_PRESETS", "Method", "MethodConfig", "get_method", "service_preset"]

@@ -32,14 +32,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from tqdm.auto import tqdm
 
 from blade_core.checkpoint import config_fingerprint, has_checkpoint, load_checkpoint, save_checkpoint
 from blade_core.data import BatchStream
-from blade_core.methods.base import RunResult, UnlearnTask
+from blade_core.methods.base import RunResult, RunStatus, UnlearnTask
 from blade_service.contracts.methods.baselines import (
     LORA_PRESET as LORA_PRESET,  # re-exported: the tests read it here
 )
@@ -47,6 +47,10 @@ from blade_service.contracts.methods.baselines import BaselineConfig
 from blade_service.contracts.schedule import (
     schedule,  # re-exported: the methods, bench and worker read it here
 )
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from peft.tuners.lora import LoraModel
 
 Batch = dict[str, torch.Tensor]
 
@@ -64,6 +68,8 @@ class StepStats:
 
 
 StepFn = Callable[[Sequence[tuple[Batch, Batch]]], StepStats]
+# (forget batch, retain batch) -> (L_fgt, L_ret or None for forget-only methods), as loss tensors
+Objective = Callable[[Batch, Batch], tuple[torch.Tensor, torch.Tensor | None]]
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:
@@ -72,7 +78,8 @@ def to_device(batch: Batch, device: torch.device) -> Batch:
 
 def forward(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     """Logits (B, T, V) of a batch; the labels stay out so the model computes no loss of its own."""
-    return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    logits: torch.Tensor = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    return logits
 
 
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -103,7 +110,7 @@ class Reference:
             trainable = {n for n, p in self._lora_params if p.requires_grad}
             self._stack = [
                 name
-                for name in model.peft_config
+                for name in cast("PeftModel", model).peft_config
                 if not any(f".{name}." in n or n.endswith(f".{name}") for n in trainable)
             ]
         else:
@@ -122,17 +129,21 @@ class Reference:
             if self._copy is not None:
                 yield self._copy
             elif not self._stack:
-                with self._model.disable_adapter():
+                with cast("PeftModel", self._model).disable_adapter():
                     yield self._model
             else:
-                model, flags = self._model, [(p, p.requires_grad) for _, p in self._lora_params]
+                model, flags = (
+                    cast("PeftModel", self._model),
+                    [(p, p.requires_grad) for _, p in self._lora_params],
+                )
                 everything, training = list(model.peft_config), model.training
-                model.base_model.set_adapter(self._stack)  # peft also flips requires_grad: restored below
+                tuner = cast("LoraModel", model.base_model)  # its set_adapter takes several names
+                tuner.set_adapter(self._stack)  # peft also flips requires_grad: restored below
                 model.eval()
                 try:
                     yield model
                 finally:
-                    model.base_model.set_adapter(everything)
+                    tuner.set_adapter(everything)
                     model.train(training)
                     for p, flag in flags:
                         p.requires_grad_(flag)
@@ -158,7 +169,7 @@ def capture_output(module: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
     """Collects the hidden states (B, T, D) `module` outputs during the `with` block (a forward hook)."""
     cache: list[torch.Tensor] = []
 
-    def hook(_module, _inputs, output):
+    def hook(_module: torch.nn.Module, _inputs: Any, output: Any) -> None:
         cache.append(output[0] if isinstance(output, tuple) else output)
 
     handle = module.register_forward_hook(hook)
@@ -202,7 +213,7 @@ def run_loop(
     optimizer = torch.optim.AdamW(params, lr=config.effective_lr, weight_decay=config.weight_decay)
     forget_stream = BatchStream(task.forget, config.batch_size, seed=config.seed)
     retain_stream = BatchStream(task.retain, config.batch_size, seed=config.seed + 1)
-    ckpt_objects = {
+    ckpt_objects: dict[str, Any] = {
         "model": model,
         "optimizers": {"adamw": optimizer},
         "streams": {"forget": forget_stream, "retain": retain_stream},
@@ -210,7 +221,7 @@ def run_loop(
     state = state if state is not None else {}
     history: list[dict[str, Any]] = []
     elapsed_before = 0.0
-    if has_checkpoint(hooks.checkpoint_dir):
+    if hooks.checkpoint_dir is not None and has_checkpoint(hooks.checkpoint_dir):
         saved = load_checkpoint(hooks.checkpoint_dir, **ckpt_objects)
         if saved.get("config") != config_fingerprint(config):
             raise ValueError(
@@ -218,7 +229,8 @@ def run_loop(
             )
         history, elapsed_before = saved["history"], saved["elapsed_s"]
         state.update(saved["method_state"])
-    status, message = "max_steps", ""
+    status: RunStatus = "max_steps"
+    message = ""
     rows_seen = int(history[-1].get("forget_rows_seen", 0)) if history else 0
     model.train()
     start = time.perf_counter() - elapsed_before
@@ -302,7 +314,7 @@ def run_loop(
 
 
 def weighted_step(
-    objective: Callable[[Batch, Batch], tuple[torch.Tensor, torch.Tensor | None]],
+    objective: Objective,
     forget_weight: float,
     retain_weight: float,
 ) -> StepFn:

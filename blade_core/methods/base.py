@@ -55,7 +55,8 @@ class RunResult:
 
 
 class TrainFn(Protocol):
-    def __call__(self, task: UnlearnTask, config: Any) -> RunResult: ...
+    # positional-only: each method names its config parameter as it likes (BLADE's is `cfg`)
+    def __call__(self, task: UnlearnTask, config: Any, /) -> RunResult: ...
 
 
 @dataclass(frozen=True)

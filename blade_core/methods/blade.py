@@ -58,7 +58,8 @@ def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch
 
 
 def _logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # (B, T, V)
+    logits: torch.Tensor = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    return logits  # (B, T, V)
 
 
 def retain_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], cfg: BladeConfig) -> torch.Tensor:
@@ -90,7 +91,11 @@ def forget_loss(
 
 
 def inner_loop(
-    model, retain: BatchStream, opt: torch.optim.Optimizer, cfg: BladeConfig, device: torch.device
+    model: torch.nn.Module,
+    retain: BatchStream,
+    opt: torch.optim.Optimizer,
+    cfg: BladeConfig,
+    device: torch.device,
 ) -> list[float]:
     """K steps of theta <- theta - eta_in * clip(grad L_ret(theta; B_k), 1), B_k being `grad_accum` retain
     micro-batches (the gradient of their mean loss); returns each step's mean L_ret before the step."""
@@ -110,7 +115,7 @@ def inner_loop(
 
 
 def outer_step(
-    model,
+    model: torch.nn.Module,
     forget: BatchStream,
     retain: BatchStream,
     opt: torch.optim.Optimizer,
@@ -152,13 +157,15 @@ def dual_update(lam: float, r: float, cfg: BladeConfig) -> float:
 
 
 @torch.no_grad()
-def measure_retain(model, retain: BatchStream, cfg: BladeConfig, device: torch.device) -> float:
+def measure_retain(
+    model: torch.nn.Module, retain: BatchStream, cfg: BladeConfig, device: torch.device
+) -> float:
     """L_ret on a new retain batch, without gradient."""
     return retain_loss(model, _to(retain.next(), device), cfg).item()
 
 
 def recover(
-    model,
+    model: torch.nn.Module,
     retain: BatchStream,
     opt: torch.optim.Optimizer,
     l_ret: float,
@@ -230,13 +237,13 @@ def train(task: UnlearnTask, cfg: BladeConfig) -> RunResult:
         monitor=ConvergenceMonitor(beta=cfg.ema_beta, patience=cfg.patience),
         history=[],
     )
-    ckpt_objects = {
+    ckpt_objects: dict[str, Any] = {
         "model": model,
         "optimizers": {"inner": inner_opt, "outer": outer_opt},
         "streams": {"forget": forget, "retain": retain},
     }
     config_key = config_fingerprint(cfg)
-    if has_checkpoint(hooks.checkpoint_dir):
+    if hooks.checkpoint_dir is not None and has_checkpoint(hooks.checkpoint_dir):
         saved = load_checkpoint(hooks.checkpoint_dir, **ckpt_objects)
         if saved.get("config") != config_key:
             raise ValueError(
@@ -264,7 +271,9 @@ def train(task: UnlearnTask, cfg: BladeConfig) -> RunResult:
         r_now = r_recovered if r_recovered is not None else out["r"]  # what the reference's rules see
 
         converged = state.monitor.update(t, out["L_fgt"], r_now, state.epsilon)
-        scale = state.calibrator.update(t, state.monitor.ema, state.monitor.first, r_now, state.epsilon)
+        ema, first = state.monitor.ema, state.monitor.first
+        assert ema is not None and first is not None  # the monitor's first update sets both
+        scale = state.calibrator.update(t, ema, first, r_now, state.epsilon)
         if cfg.calibrate_lr and scale is not None:
             _set_lr(outer_opt, lr * scale)
         record = {

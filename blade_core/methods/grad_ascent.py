@@ -10,6 +10,8 @@ how far it gets. Departures from OpenUnlearning: see `_loop.py`. Run it:
 
 from __future__ import annotations
 
+import torch
+
 from blade_core.baseline_losses import grad_ascent_loss
 from blade_core.methods._loop import Batch, forward, run_loop, weighted_step
 from blade_core.methods.base import Method, RunResult, UnlearnTask
@@ -17,7 +19,7 @@ from blade_service.contracts.methods.baselines import BASELINE_PRESETS, GradAsce
 
 
 def train(task: UnlearnTask, config: GradAscentConfig) -> RunResult:
-    def objective(forget: Batch, retain: Batch):
+    def objective(forget: Batch, retain: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
         return grad_ascent_loss(forward(task.model, forget), forget["labels"]), None
 
     return run_loop(task, config, weighted_step(objective, 1.0, 0.0), name="grad_ascent")

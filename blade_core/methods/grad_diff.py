@@ -9,6 +9,8 @@ Departures from OpenUnlearning: see `_loop.py`. Run it:
 
 from __future__ import annotations
 
+import torch
+
 from blade_core.baseline_losses import grad_ascent_loss, token_mean_nll
 from blade_core.methods._loop import Batch, forward, run_loop, weighted_step
 from blade_core.methods.base import Method, RunResult, UnlearnTask
@@ -16,7 +18,7 @@ from blade_service.contracts.methods.baselines import BASELINE_PRESETS, GradDiff
 
 
 def train(task: UnlearnTask, config: GradDiffConfig) -> RunResult:
-    def objective(forget: Batch, retain: Batch):
+    def objective(forget: Batch, retain: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         l_fgt = grad_ascent_loss(forward(task.model, forget), forget["labels"])
         l_ret = token_mean_nll(forward(task.model, retain), retain["labels"])
         return l_fgt, l_ret

@@ -10,6 +10,10 @@ for LoRA runs. Departures from OpenUnlearning: see `_loop.py`. Run it:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
+
 from blade_core.baseline_losses import npo_loss, sequence_nll, token_mean_nll
 from blade_core.methods._loop import (
     Batch,
@@ -22,10 +26,12 @@ from blade_core.methods.base import Method, RunResult, UnlearnTask
 from blade_service.contracts.methods.baselines import BASELINE_PRESETS, NPOConfig
 
 
-def npo_objective(task: UnlearnTask, reference: Reference, beta: float):
+def npo_objective(
+    task: UnlearnTask, reference: Reference, beta: float
+) -> Callable[[Batch, Batch], tuple[torch.Tensor, torch.Tensor]]:
     """(L_NPO on the forget batch, retain NLL): shared with BLUR-NPO."""
 
-    def objective(forget: Batch, retain: Batch):
+    def objective(forget: Batch, retain: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         nll, _ = sequence_nll(forward(task.model, forget), forget["labels"])  # (B,)
         with reference.active() as ref:
             ref_nll, _ = sequence_nll(forward(ref, forget), forget["labels"])  # (B,)

@@ -19,12 +19,16 @@ OpenUnlearning's warm-up and linear decay; WMDP's script uses a constant learnin
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
+
 import torch
 
 from blade_core.baseline_losses import masked_activation_mse, rmu_control_vector, rmu_layer_index
 from blade_core.methods._loop import (
     Batch,
     Reference,
+    StepStats,
     capture_output,
     decoder_layers,
     run_loop,
@@ -33,6 +37,9 @@ from blade_core.methods._loop import (
 from blade_core.methods.base import Method, RunResult, UnlearnTask
 from blade_service.contracts.methods import baselines as contracts_baselines
 from blade_service.contracts.methods.baselines import BASELINE_PRESETS
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 IGNORE_INDEX = -100
 PRESETS = BASELINE_PRESETS  # 'lora': how the service trains it (OpenUnlearning's TOFU LoRA experiment)
@@ -100,7 +107,7 @@ def train(task: UnlearnTask, config: RMUConfig) -> RunResult:
     layers = decoder_layers(task.model)
     index = steered_layer(config, len(layers))
     layer, ref_layer = layers[index], decoder_layers(reference.module)[index]
-    hidden_size = task.model.config.hidden_size
+    hidden_size: int = cast("PreTrainedModel", task.model).config.hidden_size
     generator = torch.Generator().manual_seed(config.seed)
     control = rmu_control_vector(hidden_size, config.steering_coeff, generator).to(task.device)  # (1, 1, D)
 
@@ -109,7 +116,7 @@ def train(task: UnlearnTask, config: RMUConfig) -> RunResult:
             model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
         return cache[0]  # (B, T, D)
 
-    def objective(forget: Batch, retain: Batch):
+    def objective(forget: Batch, retain: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         l_fgt = masked_activation_mse(
             hidden(task.model, layer, forget), control, forget["labels"] != IGNORE_INDEX
         )
@@ -122,7 +129,7 @@ def train(task: UnlearnTask, config: RMUConfig) -> RunResult:
 
     weighted = weighted_step(objective, config.gamma, config.alpha)
 
-    def step(micro):
+    def step(micro: Sequence[tuple[Batch, Batch]]) -> StepStats:
         stats = weighted(micro)
         stats.extra["layer"] = index
         return stats
