@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from blade_core import bench
-from blade_core.bench_select import choose
+from blade_core.bench import run as bench_run
+from blade_core.bench.selection import choose
 from blade_service.cli.main import main
 
 CONTRACT_ROW_KEYS = {
@@ -115,14 +116,14 @@ def test_bench_selects_on_the_validation_world_then_reports_on_the_test_world(
 ):
     opened = OpenedFiles()
     phases = {"test_world_opened": False}
-    original = bench.reference_evals
+    original = bench_run.reference_evals
 
     def reference_evals(plan, log):  # the bench's first use of the test world
         phases["test_world_opened"] = True
         opened.recording = False
         return original(plan, log)
 
-    monkeypatch.setattr(bench, "reference_evals", reference_evals)
+    monkeypatch.setattr(bench_run, "reference_evals", reference_evals)
     out = tmp_path / "bench"
     opened.recording = True
     assert _bench(small_world, validation_world, out) == 0

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from blade_core.bench_stream import author_blocks, scaled_sets, sequential_groups
+from blade_core.bench.stream import author_blocks, scaled_sets, sequential_groups
 from blade_service.cli.main import main
 from tests.fixtures_world import ensure_tiny_world
 
@@ -107,7 +107,7 @@ def test_sequential_requests_stack_and_scaled_forget_sets(world20, tmp_path, cap
 
 
 def test_hm_over_every_forget_set_weights_sets_by_their_rows():
-    from blade_core.bench_stream import _with_earlier
+    from blade_core.bench.stream import _with_earlier
     from blade_core.evaluation.metrics import hm_score
 
     row = {"MU": 0.6, "Prob": 0.1, "ROUGE": 0.2, "eval": {"n": {"forget": 20}}}

@@ -79,7 +79,7 @@ def test_cli_synth_and_build_text(tmp_path, capsys, one_thread):
 
 
 def test_text_bench_rows(tmp_path, one_thread):
-    from blade_core.bench_text import run_text_bench
+    from blade_core.bench.text import run_text_bench
 
     results = run_text_bench(
         suite="knowundo",

@@ -1,5 +1,5 @@
 """`blade bench`: learning rates selected on a validation world, then methods x splits x seeds on the test
-world, or the sequential / scaled experiments (blade_core.bench, bench_select, bench_stream)."""
+world, or the sequential / scaled experiments (blade_core.bench: selection.py, stream.py, text.py)."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=("tofu", "muse", "knowundo"),
         default="tofu",
         help="tofu: the QA bench (default); muse / knowundo: a text world with MUSE's metrics "
-        "(blade_core/bench_text.py; --synthetic implied)",
+        "(blade_core/bench/text.py; --synthetic implied)",
     )
     p.add_argument("--kind", choices=("books", "news"), help="--suite muse|knowundo: the text world's kind")
     p.set_defaults(func=run)
@@ -224,9 +224,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_text(args: argparse.Namespace) -> int:
-    """`--suite muse|knowundo`: blade_core/bench_text.py."""
+    """`--suite muse|knowundo`: blade_core/bench/text.py."""
     from blade_core import bench
-    from blade_core.bench_text import run_text_bench
+    from blade_core.bench.text import run_text_bench
     from blade_service.cli.main import CliError
 
     if args.data is not None:

@@ -13,7 +13,7 @@ retain set is that split's retain complement, which holds none of the drawn auth
 - **scale**: the forget set is the first `s x base` authors of the split (base = authors // max scale), every
   other setting fixed; each scale is an independent request on the target.
 
-Learning rates are each method's multiplier chosen on the validation world (`blade_core/bench_select.py`).
+Learning rates are each method's multiplier chosen on the validation world (`blade_core/bench/selection.py`).
 No gold model exists for these forget sets, so forget quality is not reported and PrivLeak is relative to
 AUC 0.5. Rows carry `step` or `scale`; results.md gets a table per method and a plot of HM against step/scale.
 
@@ -28,22 +28,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from blade_core.bench import (
-    BenchPlan,
-    Log,
-    _builds,
-    _fingerprint,
-    _fmt,
-    _read_json,
-    _write_json,
-    evaluate,
-    load_trained,
-    make_row,
-    mean_std,
-    retain_split,
-    split_paths,
-    train,
-)
+from blade_core.bench.cache import _builds, _fingerprint, _read_json, _write_json
+from blade_core.bench.models import retain_split, split_paths
+from blade_core.bench.one_run import evaluate, load_trained, make_row, train
+from blade_core.bench.report import _fmt
+from blade_core.bench.settings import BenchPlan, Log
+from blade_core.bench.summary import mean_std
 
 DEFAULT_ROWS_PER_AUTHOR = 20  # TOFU: 20 QA pairs per author
 STREAM_KEYS: tuple[str, ...] = (

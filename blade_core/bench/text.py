@@ -1,6 +1,6 @@
 """`blade bench --suite muse|knowundo`: the eight methods on a MUSE-style text world, MUSE's metrics.
 
-The QA bench's protocol (`blade_core/bench.py`) on text: one target model (`blade_core/text_build.py`,
+The QA bench's protocol (`blade_core/bench/`) on text: one target model (`blade_core/text_build.py`,
 pretrained base fine-tuned on forget + retain text) and its retrained model (retain only), every method
 trained by `run_unlearning` from the target on the forget texts with the retain texts, BLADE with the suite's
 preset (`muse` or `knowundo`: eta_out 3e-5, eps_mul 3.2, LoRA 16/32, T 250 / 150, patience 20) and every

@@ -1,0 +1,89 @@
+"""Run caching: a run's row and history are kept under `OUT/runs/<method>/<split>/seed<k>/` with a fingerprint
+(settings, data, target, multiplier, model builds), so an interrupted bench resumes and an unchanged run is
+reused; plus the bench's JSON reading and atomic writing."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from blade_core.bench.one_run import _run_dir, run_one
+from blade_core.bench.settings import RESULTS_VERSION, BenchPlan, Log
+
+# settings that change which runs a bench makes, not what one run computes (kept out of the cache key)
+_PLAN_ONLY_SETTINGS = ("seeds", "lr_grid", "validation_world_seed", "selection_split", "sequential_split")
+
+
+def _fingerprint(
+    plan: BenchPlan, method: str, multiplier: float | None = None, **extra: Any
+) -> dict[str, Any]:
+    """What must match for a cached run to be reused."""
+    settings = {k: v for k, v in asdict(plan.settings).items() if k not in _PLAN_ONLY_SETTINGS}
+    return {
+        "version": RESULTS_VERSION,
+        "target": str(plan.target.resolve()),
+        "data": str(plan.data_dir.resolve()),
+        "settings": settings | {"lr_scale_applied": plan.lr_scale},
+        "overrides": plan.overrides.get(method, {}),
+        "lr_multiplier": plan.multipliers.get(method, 1.0) if multiplier is None else multiplier,
+        **extra,
+    }
+
+
+def cached_run(
+    plan: BenchPlan,
+    method: str,
+    split: str,
+    seed: int,
+    gold_ref: dict[str, Any] | None,
+    log: Log,
+    *,
+    multiplier: float | None = None,
+    tag: str = "",
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """run_one's (row, history), reused from the run dir when an identical run was made before."""
+    run_dir = _run_dir(plan, method, split, seed, tag)
+    fingerprint = _fingerprint(plan, method, multiplier)
+    builds = _builds(plan, split)
+    cached = _read_json(run_dir / "row.json")
+    if cached is not None and cached.get("fingerprint") == fingerprint and cached.get("builds") == builds:
+        return cached["row"], _read_json(run_dir / "history.json") or []
+    out = run_one(plan, method, split, seed, gold_ref, log, multiplier=multiplier, tag=tag)
+    _write_json(run_dir / "history.json", out["history"])
+    _write_json(run_dir / "row.json", {"fingerprint": fingerprint, "builds": builds, "row": out["row"]})
+    return out["row"], out["history"]
+
+
+def _builds(plan: BenchPlan, split: str) -> dict[str, str | None]:
+    """Which builds of the target and the split's gold model a run used (`blade model build` keys), so a model
+    rebuilt in place (new data, new recipe) invalidates the cached runs made with the old one."""
+
+    def key(model_dir: Path | None) -> str | None:
+        info = _read_json(model_dir / "build_info.json") if model_dir is not None else None
+        return info.get("key") if isinstance(info, dict) else None
+
+    return {"target": key(plan.target), "gold": key(plan.golds.get(split))}
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, allow_nan=False, default=_json_default) + "\n")
+    tmp.replace(path)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple):
+        return list(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")

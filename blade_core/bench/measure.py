@@ -1,0 +1,99 @@
+"""What the bench measures around a run besides its metrics: peak memory (CUDA's allocator or the process RSS)
+and the machine it ran on (results.json "machine")."""
+
+from __future__ import annotations
+
+import os
+import platform
+import threading
+from typing import Any
+
+
+def _release_free_memory() -> None:
+    """Collect garbage and hand free heap pages back to the OS (glibc `malloc_trim`), so RSS measures anew."""
+    import contextlib
+    import ctypes
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: RSS deltas may understate reused memory
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+class PeakMemory:
+    """Peak memory of a block in MB: CUDA's max allocated on GPU; on CPU, peak process RSS (sampled every 20
+    ms)
+    minus the RSS at entry, i.e. what the block added (model copies, optimiser state, activations)."""
+
+    def __init__(self, device_type: str = "cpu", interval: float = 0.02):
+        self.device_type, self.interval = device_type, interval
+        self.peak_mb = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @staticmethod
+    def rss_mb() -> float:
+        try:
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+        except (OSError, ValueError, IndexError):
+            import resource
+
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    def __enter__(self) -> PeakMemory:
+        if self.device_type == "cuda":
+            import torch
+
+            torch.cuda.reset_peak_memory_stats()
+            self._base = torch.cuda.memory_allocated()
+            return self
+        _release_free_memory()  # else the run reuses freed heap pages and its growth barely shows in RSS
+        self._base = self.rss_mb()
+        self._max = self._base
+
+        def sample() -> None:
+            while not self._stop.wait(self.interval):
+                self._max = max(self._max, self.rss_mb())
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.device_type == "cuda":
+            import torch
+
+            self.peak_mb = (torch.cuda.max_memory_allocated() - self._base) / 2**20
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._max = max(self._max, self.rss_mb())
+        self.peak_mb = self._max - self._base
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    summary = (
+        f"{cores} CPU cores ({cpu}), torch {torch.__version__} with {torch.get_num_threads()} threads, "
+        + (f"GPU {gpu}" if gpu else "no GPU")
+    )
+    return {
+        "cpu": cpu,
+        "cores": cores,
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "summary": summary,
+    }

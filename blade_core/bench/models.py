@@ -1,0 +1,100 @@
+"""The data and models a bench runs on: a TOFU-format dir's forget/retain files, the synthesised world, and
+the target and gold models built for it (`blade model build`, cached by content hash)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from blade_core.bench.settings import BenchSettings, Log
+
+
+def retain_split(split: str) -> str:
+    """'forget05' -> 'retain95' (TOFU's complement naming)."""
+    if not (split.startswith("forget") and split[6:].isdigit()):
+        raise ValueError(f"split must look like forgetXX (e.g. forget05), got {split!r}")
+    return f"retain{100 - int(split[6:]):02d}"
+
+
+def split_paths(data_dir: Path, split: str) -> tuple[Path, Path]:
+    """(forget file, retain file) of `split` in a TOFU-format dir."""
+    forget = next(
+        (p for p in (data_dir / f"{split}_perturbed.json", data_dir / f"{split}.json") if p.is_file()), None
+    )
+    retain = data_dir / f"{retain_split(split)}.json"
+    if forget is None:
+        raise FileNotFoundError(f"{data_dir}: no {split}_perturbed.json")
+    if not retain.is_file():
+        raise FileNotFoundError(f"{data_dir}: no {retain.name} (the retain complement of {split})")
+    return forget, retain
+
+
+def prepare_models(
+    data_dir: Path,
+    root: Path,
+    settings: BenchSettings,
+    splits: Sequence[str],
+    *,
+    build_target: bool = True,
+    log: Log = print,
+    progress: bool = True,
+) -> tuple[Path, Path | None, dict[str, Path]]:
+    """Build (or reuse: `blade model build` caches by content hash) the target and one gold model per
+    split."""
+    from blade_core.build import build_model
+
+    models = root / "models" / f"{data_dir.name}-{settings.model_size}-s{settings.build_seed}"
+    cache = root / "build-cache"
+
+    def build(name: str, exclude: str | None) -> Path:
+        started = time.perf_counter()
+        result = build_model(
+            data_dir,
+            models / name,
+            exclude_split=exclude,
+            seed=settings.build_seed,
+            size=settings.model_size,
+            cache_dir=cache,
+            pretrain=settings.pretrained,
+            progress=progress,
+            log=log,
+        )
+        how = "cached" if result.cached else "built"
+        metrics = json.dumps(result.info.get("metrics", {}))
+        log(f"model {name}: {how} in {time.perf_counter() - started:.0f}s; memorisation {metrics}")
+        return result.model_dir
+
+    target = build("target", None) if build_target else None
+    golds = {split: build(f"gold-{split}", split) for split in splits}
+    return data_dir, target, golds
+
+
+def prepare_synthetic(
+    root: Path,
+    settings: BenchSettings,
+    splits: Sequence[str],
+    log: Log = print,
+    progress: bool = True,
+    world_seed: int | None = None,
+) -> tuple[Path, Path, dict[str, Path]]:
+    """Synthesise the world (`blade data synth`) under `root`, then build its target and gold models.
+
+    `world_seed`: the world's seed (default settings.world_seed; the validation world passes its own)."""
+    from blade_core.synth import write_world
+
+    seed = settings.world_seed if world_seed is None else world_seed
+    data_dir = root / f"world-a{settings.authors}-s{seed}"
+    if not (data_dir / "world.json").is_file():
+        log(f"synthesising a world of {settings.authors} authors into {data_dir}")
+        write_world(data_dir, authors=settings.authors, seed=seed)
+    data_dir, target, golds = prepare_models(data_dir, root, settings, splits, log=log, progress=progress)
+    assert target is not None
+    return data_dir, target, golds
+
+
+def _load(model_dir: Path, device):
+    from blade_core.lora import load_with_stack
+
+    return load_with_stack(model_dir, (), device)
