@@ -143,7 +143,7 @@ def test_metrics_totals_fold_history_once_and_count_each_row_once(api_client, ap
     are folded in once, newer ones re-read; later reads neither lose nor double-count a row."""
     from datetime import timedelta
 
-    from blade_service.api.observability import HISTORY_LAG, HistoryTotals
+    from blade_service.api.observability.history import HISTORY_LAG, HistoryTotals
 
     ids = [_submit(api_client, ready)["id"] for _ in range(3)]
     now = utcnow()

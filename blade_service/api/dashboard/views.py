@@ -152,7 +152,7 @@ def logout(request: Request, session: SessionDep, csrf_token: Annotated[str, For
 
 @router.get("", response_class=HTMLResponse)
 def overview(request: Request, session: SessionDep, viewer: ViewerDep) -> HTMLResponse:
-    from blade_service.api.observability import broker_queue_depths, worker_alive_after_s
+    from blade_service.api.observability.state import broker_queue_depths, worker_alive_after_s
     from blade_service.contracts.names import ALL_QUEUES
 
     settings = _settings(request)

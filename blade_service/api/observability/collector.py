@@ -1,0 +1,209 @@
+"""The Prometheus collector of the service's state (`ServiceStateCollector`): the gauges and histograms built
+from a `snapshot` when Prometheus scrapes, cached for `SNAPSHOT_TTL_S` so several scrapers cost one set of
+queries; every metric's name and help text is defined here."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy.orm import Session
+
+from blade_service.api.observability.history import STEP_BUCKETS, TIME_BUCKETS, HistoryTotals
+from blade_service.api.observability.state import _queue_names, snapshot
+from blade_service.persistence.models import RequestStatus
+from blade_service.persistence.settings import Settings
+
+log = logging.getLogger("blade.api.http")
+
+SNAPSHOT_TTL_S = 5.0
+
+
+def _histogram(
+    name: str,
+    doc: str,
+    buckets: tuple[float, ...],
+    labelnames: list[str],
+    series: dict[tuple[str, ...], list[float]],
+) -> HistogramMetricFamily:
+    """A histogram family from aggregates: labels -> [count, sum, *cumulative counts per bound]."""
+    family = HistogramMetricFamily(name, doc, labels=labelnames)
+    for labels, (count, total, *cumulative) in sorted(series.items()):
+        counts = [(str(float(b)), c) for b, c in zip(buckets, cumulative, strict=True)]
+        counts.append(("+Inf", count))
+        family.add_metric(list(labels), counts, sum_value=float(total))
+    return family
+
+
+class ServiceStateCollector(Collector):
+    """Gauges and histograms computed from the database when Prometheus scrapes."""
+
+    def __init__(self, settings: Settings, session_factory: Callable[[], Session]):
+        self.settings = settings
+        self.session_factory = session_factory
+        self._cache: tuple[float, dict[str, Any]] | None = None
+        self._lock = threading.Lock()
+        self.totals = HistoryTotals()
+
+    def current(self) -> dict[str, Any]:
+        with self._lock:
+            if self._cache is not None and time.monotonic() - self._cache[0] < SNAPSHOT_TTL_S:
+                return self._cache[1]
+            with self.session_factory() as session:
+                snap = snapshot(session, self.settings, totals=self.totals)
+            self._cache = (time.monotonic(), snap)
+            return snap
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._cache = None
+
+    def collect(self) -> Iterable[Any]:
+        try:
+            snap = self.current()
+        except Exception as exc:  # the database is down: say so, don't fail the whole scrape
+            log.warning("metrics.snapshot_failed", extra={"error": repr(exc)})
+            up = GaugeMetricFamily("blade_database_up", "1 when the last scrape could read the database")
+            up.add_metric([], 0)
+            yield up
+            return
+        up = GaugeMetricFamily("blade_database_up", "1 when the last scrape could read the database")
+        up.add_metric([], 1)
+        yield up
+
+        # One name per value: all methods together is `sum by (state) (blade_unlearn_requests)`.
+        by_state = GaugeMetricFamily(
+            "blade_unlearn_requests", "Unlearn requests by state and method", labels=["state", "method"]
+        )
+        counts: dict[tuple[str, str], int] = defaultdict(int)
+        methods = {m for _, m, _ in snap["by_state_method"]} or {"blade"}
+        for state, method, n in snap["by_state_method"]:
+            counts[(state, method)] += n
+        for state in RequestStatus:  # every state present (0 when none), so panels do not go blank
+            for method in sorted(methods):
+                by_state.add_metric([state.value, method], counts.get((state.value, method), 0))
+        yield by_state
+
+        depth = GaugeMetricFamily(
+            "blade_queue_depth", "Messages waiting in each broker queue", labels=["queue"]
+        )
+        for queue, n in sorted(snap["queues"].items()):
+            if n is not None:
+                depth.add_metric([queue], n)
+        yield depth
+        broker_up = GaugeMetricFamily("blade_broker_up", "1 when the broker answered the queue-depth query")
+        broker_up.add_metric(
+            [], 1 if snap["queues"] and all(v is not None for v in snap["queues"].values()) else 0
+        )
+        yield broker_up
+
+        oldest = GaugeMetricFamily(
+            "blade_oldest_queued_request_age_seconds", "Age of the oldest request still queued (0 when none)"
+        )
+        oldest.add_metric([], snap["oldest_queued_age_s"] or 0.0)
+        yield oldest
+
+        yield _histogram(
+            "blade_request_queue_wait_seconds",
+            "Time from submission to the start of training",
+            TIME_BUCKETS,
+            [],
+            {(): snap["queue_wait"]},
+        )
+        durations = {key: h["durations"] for key, h in snap["training"].items()}
+        steps = {key: h["steps"] for key, h in snap["training"].items()}
+        yield _histogram(
+            "blade_request_training_duration_seconds",
+            "Start to finish of finished requests, by method and outcome",
+            TIME_BUCKETS,
+            ["method", "outcome"],
+            durations,
+        )
+        yield _histogram(
+            "blade_request_training_steps",
+            "Outer steps of finished requests, by method and outcome",
+            STEP_BUCKETS,
+            ["method", "outcome"],
+            steps,
+        )
+
+        labels = ["request_id", "base_model", "method"]
+        fams = {
+            "step": GaugeMetricFamily(
+                "blade_running_request_step", "Outer step of each running request", labels=labels
+            ),
+            "progress": GaugeMetricFamily(
+                "blade_running_request_progress_ratio",
+                "step / step cap of each running request",
+                labels=labels,
+            ),
+            "lambda": GaugeMetricFamily(
+                "blade_running_request_lambda", "Dual variable lambda (latest step)", labels=labels
+            ),
+            "L_ret": GaugeMetricFamily(
+                "blade_running_request_l_ret", "Retain loss L_ret (latest step)", labels=labels
+            ),
+            "L_fgt": GaugeMetricFamily(
+                "blade_running_request_l_fgt", "Forget loss L_fgt (latest step)", labels=labels
+            ),
+            "epsilon": GaugeMetricFamily(
+                "blade_running_request_epsilon", "Retain-loss budget epsilon", labels=labels
+            ),
+            "rate": GaugeMetricFamily(
+                "blade_running_request_outer_step_rate",
+                "Outer steps per second over the latest events",
+                labels=labels,
+            ),
+        }
+        for r in snap["running"]:
+            lv = [r["id"], r["base_model"], r["method"]]
+            fams["step"].add_metric(lv, r.get("step") or 0)
+            if r.get("total_steps"):
+                fams["progress"].add_metric(lv, min(1.0, (r.get("step") or 0) / r["total_steps"]))
+            record = r.get("record") or {}
+            for key in ("lambda", "L_ret", "L_fgt", "epsilon"):
+                if isinstance(record.get(key), int | float):
+                    fams[key].add_metric(lv, float(record[key]))
+            if r.get("rate") is not None:
+                fams["rate"].add_metric(lv, r["rate"])
+        yield from fams.values()
+
+        alive = GaugeMetricFamily(
+            "blade_workers_alive", "Workers whose heartbeat is recent, by queue", labels=["queue"]
+        )
+        per_queue: dict[str, int] = defaultdict(int)
+        age = GaugeMetricFamily(
+            "blade_worker_heartbeat_age_seconds", "Seconds since each worker's heartbeat", labels=["worker"]
+        )
+        up_w = GaugeMetricFamily(
+            "blade_worker_up", "1 when the worker's heartbeat is recent", labels=["worker"]
+        )
+        busy = GaugeMetricFamily(
+            "blade_worker_running", "1 while the worker runs an unlearn request", labels=["worker"]
+        )
+        for w in snap["workers"]:
+            if w["alive"]:
+                for q in w["queues"] or ["unknown"]:
+                    per_queue[q] += 1
+            if w["heartbeat_age_s"] is not None:
+                age.add_metric([w["name"]], w["heartbeat_age_s"])
+            up_w.add_metric([w["name"]], 1 if w["alive"] else 0)
+            busy.add_metric([w["name"]], 1 if w["alive"] and w["current_request_id"] else 0)
+        for q in _queue_names():
+            per_queue.setdefault(q, 0)
+        for q, n in sorted(per_queue.items()):
+            alive.add_metric([q], n)
+        yield from (alive, age, up_w, busy)  # GPU peak: the worker's own blade_gpu_memory_peak_bytes
+
+        adapters = GaugeMetricFamily(
+            "blade_adapters", "Adapter versions by base model and state", labels=["base_model", "state"]
+        )
+        for name, state, n in snap["adapters"]:
+            adapters.add_metric([name, state], n)
+        yield adapters

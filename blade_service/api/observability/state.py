@@ -1,0 +1,210 @@
+"""The state of the service read from the database (and the broker) for one scrape: `snapshot` gathers
+requests by state and method, the oldest queued request, running requests and their latest training events,
+workers and their heartbeats, adapters by state, and the broker's queue depths, in a few queries."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import func, literal_column, select
+from sqlalchemy.orm import Session
+
+from blade_service.api.observability.history import TIME_BUCKETS, TIMED_OUTCOMES, HistoryTotals, _add
+from blade_service.persistence.models import (
+    AdapterVersion,
+    BaseModel,
+    RequestStatus,
+    TrainingEvent,
+    UnlearnRequest,
+    WorkerHeartbeat,
+)
+from blade_service.persistence.requests import unfinished
+from blade_service.persistence.settings import Settings
+
+log = logging.getLogger("blade.api.http")
+
+BROKER_TIMEOUT_S = 2.0
+RATE_WINDOW = 20  # training events used for a running request's outer-step rate
+RUNNING = (RequestStatus.RUNNING, RequestStatus.EVALUATING, RequestStatus.CANCELLING)
+
+
+def worker_alive_after_s(settings: Settings) -> float:
+    """A worker whose last heartbeat is older than this counts as gone."""
+    return max(3 * settings.heartbeat_seconds, 15)
+
+
+def _age_s(then: datetime | None, now: datetime) -> float | None:
+    if then is None:
+        return None
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=UTC)
+    return max(0.0, (now - then).total_seconds())
+
+
+_depth_cache: dict[str, tuple[float, dict[str, int | None]]] = {}
+_depth_lock = threading.Lock()
+
+
+def broker_queue_depths(
+    settings: Settings, queues: Iterable[str], timeout: float = BROKER_TIMEOUT_S, max_age_s: float = 2.0
+) -> dict[str, int | None]:
+    """Messages waiting in each broker queue (None: the broker did not answer within `timeout`).
+
+    Asked of the settings' broker (Redis, or the embedded SQL transport), at most every `max_age_s` seconds.
+    """
+    queues = list(queues)
+    url = settings.resolved_broker_url()
+    with _depth_lock:
+        cached = _depth_cache.get(url)
+        if cached is not None and time.monotonic() - cached[0] < max_age_s:
+            return dict(cached[1])
+
+    def count() -> dict[str, int | None]:
+        from kombu import Connection
+
+        depths: dict[str, int | None] = {}
+        with Connection(url, connect_timeout=timeout) as conn:
+            channel = conn.default_channel
+            for queue in queues:
+                try:
+                    depths[queue] = int(channel.queue_declare(queue=queue, passive=True).message_count)
+                except Exception:  # queue not declared yet: nothing waits in it
+                    depths[queue] = 0
+        return depths
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="blade-broker-depth")
+    try:
+        depths = pool.submit(count).result(timeout=timeout)
+    except Exception as exc:
+        log.warning("metrics.broker_unreachable", extra={"error": repr(exc)})
+        depths = dict.fromkeys(queues)
+    finally:
+        pool.shutdown(wait=False)
+    with _depth_lock:
+        _depth_cache[url] = (time.monotonic(), depths)
+    return dict(depths)
+
+
+def running_dynamics(session: Session, request_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """Latest record and outer-step rate (steps/s over the last RATE_WINDOW events) per running request."""
+    out: dict[str, dict[str, Any]] = {}
+    for rid in request_ids:
+        rows = session.execute(
+            select(TrainingEvent.step, TrainingEvent.record, TrainingEvent.created_at)
+            .where(TrainingEvent.request_id == rid)
+            .order_by(TrainingEvent.step.desc())
+            .limit(RATE_WINDOW)
+        ).all()
+        if not rows:
+            continue
+        latest = dict(rows[0].record or {})
+        rate = None
+        if len(rows) > 1:
+            dt = (rows[0].created_at - rows[-1].created_at).total_seconds()
+            if dt > 0:
+                rate = (rows[0].step - rows[-1].step) / dt
+        out[rid] = {"record": latest, "step": rows[0].step, "rate": rate}
+    return out
+
+
+def snapshot(
+    session: Session, settings: Settings, *, broker: bool = True, totals: HistoryTotals | None = None
+) -> dict[str, Any]:
+    """Everything the gauges need, in a few queries, none of them over the whole history (`HistoryTotals`:
+    pass the collector's own so its folds last; a fresh one reads everything once)."""
+    now = datetime.now(UTC)
+    by_tenant, waits = (totals or HistoryTotals()).read(session, now)
+    finished: dict[tuple, list[float]] = {}
+    for (_, method, status), values in by_tenant.items():
+        _add(finished, {(method, status): values})
+    open_by_state_method = session.execute(  # the partial index ix_unlearn_requests_unfinished
+        select(UnlearnRequest.status, UnlearnRequest.method, func.count())
+        .where(unfinished(UnlearnRequest.status))
+        .group_by(UnlearnRequest.status, UnlearnRequest.method)
+    ).all()
+    by_state_method = [(st, m, int(v[0])) for (m, st), v in finished.items()] + [
+        (str(RequestStatus(st).value), m, n) for st, m, n in open_by_state_method
+    ]
+    oldest_queued = session.execute(
+        select(func.min(UnlearnRequest.created_at)).where(UnlearnRequest.status == literal_column("'queued'"))
+    ).scalar()
+    running = session.execute(
+        select(
+            UnlearnRequest.id,
+            UnlearnRequest.method,
+            UnlearnRequest.step,
+            UnlearnRequest.total_steps,
+            BaseModel.name,
+        )
+        .join(BaseModel, BaseModel.id == UnlearnRequest.base_model_id)
+        .where(UnlearnRequest.status.in_(RUNNING))
+    ).all()
+    workers = session.execute(select(WorkerHeartbeat)).scalars().all()
+    adapters = session.execute(
+        select(BaseModel.name, AdapterVersion.state, func.count())
+        .select_from(AdapterVersion)
+        .join(BaseModel, BaseModel.id == AdapterVersion.base_model_id)
+        .group_by(BaseModel.name, AdapterVersion.state)
+    ).all()
+    dynamics = running_dynamics(session, [r.id for r in running])
+    alive_after = worker_alive_after_s(settings)
+    worker_rows = []
+    for w in workers:
+        age = _age_s(w.last_seen, now)
+        worker_rows.append(
+            {
+                "name": w.worker_name,
+                "queues": list(w.queues or []),
+                "hostname": w.hostname,
+                "pid": w.pid,
+                "current_request_id": w.current_request_id,
+                "info": dict(w.info or {}),
+                "heartbeat_age_s": age,
+                "alive": bool(w.alive) and age is not None and age <= alive_after,
+                "started_at": w.started_at,
+            }
+        )
+    queues = broker_queue_depths(settings, _queue_names()) if broker else {}
+    return {
+        "at": now,
+        "by_state_method": by_state_method,
+        "oldest_queued_age_s": _age_s(oldest_queued, now),
+        # Histograms as [count, sum, *cumulative bucket counts] (see _finished_rows / _wait_rows).
+        "queue_wait": waits.get((), [0.0, 0.0] + [0.0] * len(TIME_BUCKETS)),
+        "training": {
+            key: {
+                "durations": [v[1], v[2], *v[4 : 4 + len(TIME_BUCKETS)]],
+                "steps": [v[1], v[3], *v[4 + len(TIME_BUCKETS) :]],
+            }
+            for key, v in finished.items()
+            if key[1] in {s.value for s in TIMED_OUTCOMES} and v[1]
+        },
+        "running": [
+            {
+                "id": r.id,
+                "method": r.method,
+                "base_model": r.name,
+                "step": r.step,
+                "total_steps": r.total_steps,
+                **dynamics.get(r.id, {}),
+            }
+            for r in running
+        ],
+        "workers": worker_rows,
+        "adapters": [
+            (name, str(state.value if hasattr(state, "value") else state), n) for name, state, n in adapters
+        ],
+        "queues": queues,
+    }
+
+
+def _queue_names() -> tuple[str, ...]:
+    from blade_service.contracts.names import ALL_QUEUES
+
+    return ALL_QUEUES
