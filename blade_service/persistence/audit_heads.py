@@ -54,7 +54,8 @@ def current_signed_head(session: Session, storage: Storage, settings: Settings) 
         return None
     key = head_key(head_id, head_hash)
     if storage.exists(key):
-        return json.loads(storage.get_bytes(key))
+        stored: dict[str, Any] = json.loads(storage.get_bytes(key))
+        return stored
     private = signing.load_private_key(settings)
     record: dict[str, Any] = {
         "log": LOG_NAME,

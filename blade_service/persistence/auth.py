@@ -23,7 +23,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -33,7 +33,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from blade_service.persistence import audit, key_revocations
 from blade_service.persistence.db import execute_read
 from blade_service.persistence.errors import Conflict, Invalid, NotFound
-from blade_service.persistence.models import ApiKey, Scope, Tenant, utcnow
+from blade_service.persistence.models import ApiKey, Base, Scope, Tenant, utcnow
 from blade_service.persistence.settings import Settings
 
 log = logging.getLogger("blade.auth")
@@ -128,7 +128,7 @@ def authenticate(session: Session, secret: str) -> ApiKey | None:
     if not secret:
         return None
     query = select(ApiKey).where(ApiKey.key_hash == hash_key(secret)).options(joinedload(ApiKey.tenant))
-    key = execute_read(session, query).scalars().one_or_none()
+    key: ApiKey | None = execute_read(session, query).scalars().one_or_none()
     if key is None or key.revoked_at is not None:
         return None
     now = utcnow()
@@ -141,7 +141,10 @@ def _columns(obj: Any) -> dict[str, Any]:
     return {c.key: getattr(obj, c.key) for c in obj.__mapper__.column_attrs}
 
 
-def _detached(cls: type, columns: dict[str, Any]) -> Any:
+_Row = TypeVar("_Row", bound=Base)
+
+
+def _detached(cls: type[_Row], columns: dict[str, Any]) -> _Row:
     """A detached instance with these column values: usable like a loaded row (attaching it never INSERTs)."""
     obj = cls(**{k: list(v) if isinstance(v, list) else v for k, v in columns.items()})
     make_transient_to_detached(obj)
@@ -306,7 +309,7 @@ def _reactivate(session: Session, key: ApiKey) -> None:
     )
 
 
-def bootstrap_admin_key(session_factory, settings: Settings) -> ApiKey | None:
+def bootstrap_admin_key(session_factory: Callable[[], Session], settings: Settings) -> ApiKey | None:
     """Create `settings.bootstrap_admin_key` as an admin key of the default tenant unless it exists;
     re-activate it (logged loudly, audited) if it was revoked."""
     secret = settings.bootstrap_admin_key

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import ColumnElement, or_, select
 from sqlalchemy.orm import Session
 
 from blade_service.persistence import audit
@@ -85,7 +85,7 @@ def ensure_registered(session: Session, *, name: str, source: str, actor: str = 
     return model or register(session, name=name, source=source, tenant_id=None, actor=actor)
 
 
-def _visible(tenant_id: str | None):
+def _visible(tenant_id: str | None) -> ColumnElement[bool]:
     return or_(BaseModel.tenant_id.is_(None), BaseModel.tenant_id == tenant_id)
 
 

@@ -190,9 +190,7 @@ def _iso(value: Any) -> str | None:
     if value is None:
         return None
     if isinstance(value, datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=UTC)
-        return value.isoformat()
+        return (value if value.tzinfo is not None else value.replace(tzinfo=UTC)).isoformat()
     return str(value)
 
 
@@ -226,7 +224,7 @@ def assemble_certificate(
 ) -> dict[str, Any]:
     """The unsigned document from plain parts (the database-facing builder below gathers them)."""
     active = [a for a in stack if a.get("state") == "active"]
-    return _plain(
+    document: dict[str, Any] = _plain(
         {
             "type": CERTIFICATE_TYPE,
             "version": CERTIFICATE_VERSION,
@@ -253,6 +251,7 @@ def assemble_certificate(
             "statement": STATEMENT,
         }
     )
+    return document
 
 
 def _value(doc: Any, dotted: str) -> float | None:
@@ -542,4 +541,5 @@ def get_certificate(
     if row is None:
         row = issue_certificate(session, request_id, settings=settings)
         session.commit()
-    return json.loads(row.document)
+    document: dict[str, Any] = json.loads(row.document)
+    return document

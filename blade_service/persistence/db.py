@@ -33,8 +33,18 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from blade_service.persistence.settings import Settings, get_settings
 
-# The `migrations` package (beside this one, in the repo and when installed), found without importing it.
-MIGRATIONS_DIR = Path(importlib.util.find_spec("blade_service.migrations").origin).resolve().parent
+
+def _migrations_dir() -> Path:
+    """The `migrations` package (beside this one, in the repo and when installed), found unimported."""
+    spec = importlib.util.find_spec("blade_service.migrations")
+    if spec is None or spec.origin is None:
+        raise ImportError(
+            "blade_service.migrations: the package is not installed beside blade_service.persistence"
+        )
+    return Path(spec.origin).resolve().parent
+
+
+MIGRATIONS_DIR = _migrations_dir()
 
 POOL_RECYCLE_S = 1800  # below common server/proxy idle timeouts (PgBouncer's server_idle_timeout: 600 s+)
 

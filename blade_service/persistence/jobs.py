@@ -18,9 +18,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy import CursorResult, Delete, Update, and_, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from blade_service.persistence.models import (
@@ -82,6 +82,11 @@ class LeaseState:
 
 
 # --- helpers ------------------------------------------------------------------------------------------------
+
+
+def _write(session: Session, statement: Update | Delete) -> CursorResult[Any]:
+    """Run an UPDATE or DELETE; its result has `rowcount` (SQLAlchemy types `execute` as a plain Result)."""
+    return cast("CursorResult[Any]", session.execute(statement))
 
 
 def _audit(
@@ -220,7 +225,8 @@ def claim_request(
     }
     if request.started_at is None:
         values["started_at"] = now
-    result = session.execute(
+    result = _write(
+        session,
         update(UnlearnRequest)
         .where(
             UnlearnRequest.id == request_id,
@@ -229,7 +235,7 @@ def claim_request(
             lease_free,
         )
         .values(**values)
-        .execution_options(synchronize_session=False)
+        .execution_options(synchronize_session=False),
     )
     if result.rowcount != 1:
         return Claim(ClaimOutcome.BUSY, request_id, status)
@@ -248,11 +254,12 @@ def claim_request(
 def renew_lease(session: Session, *, request_id: str, owner: str, lease_seconds: int) -> LeaseState:
     """Heartbeat: push the lease's expiry out if we still hold it; also report a pending cancel."""
     now = utcnow()
-    result = session.execute(
+    result = _write(
+        session,
         update(UnlearnRequest)
         .where(UnlearnRequest.id == request_id, UnlearnRequest.lease_owner == owner)
         .values(lease_expires_at=now + timedelta(seconds=lease_seconds), heartbeat_at=now)
-        .execution_options(synchronize_session=False)
+        .execution_options(synchronize_session=False),
     )
     row = session.execute(
         select(UnlearnRequest.status, UnlearnRequest.cancel_requested_at).where(
@@ -307,8 +314,9 @@ def record_step(
 
 def drop_steps_after(session: Session, *, request_id: str, step: int) -> int:
     """Forget events past `step` (a resumed run restarts from its checkpoint at `step`)."""
-    result = session.execute(
-        delete(TrainingEvent).where(TrainingEvent.request_id == request_id, TrainingEvent.step > step)
+    result = _write(
+        session,
+        delete(TrainingEvent).where(TrainingEvent.request_id == request_id, TrainingEvent.step > step),
     )
     return int(result.rowcount or 0)
 

@@ -25,7 +25,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from datetime import UTC, datetime
 from typing import IO, Any
 
@@ -112,10 +112,12 @@ def new_trace_id() -> str:
 
 # --- Celery: ids into task headers on publish, back into context variables before the task runs ---------
 
-_celery_tokens: dict[str, list] = {}
+_celery_tokens: dict[str, list[tuple[ContextVar[str | None], Token[str | None]]]] = {}
 
 
-def _on_publish(sender: Any = None, headers: dict | None = None, body: Any = None, **_: Any) -> None:
+def _on_publish(
+    sender: Any = None, headers: dict[str, Any] | None = None, body: Any = None, **_: Any
+) -> None:
     if headers is None:
         return
     request_id = request_id_var.get()
@@ -129,7 +131,9 @@ def _on_publish(sender: Any = None, headers: dict | None = None, body: Any = Non
         headers.setdefault(HEADER_TRACE_ID, trace_id_var.get())
 
 
-def _on_prerun(task_id: str | None = None, task: Any = None, kwargs: dict | None = None, **_: Any) -> None:
+def _on_prerun(
+    task_id: str | None = None, task: Any = None, kwargs: dict[str, Any] | None = None, **_: Any
+) -> None:
     request = getattr(task, "request", None)
     request_id = _header(request, HEADER_REQUEST_ID) or (kwargs or {}).get("request_id")
     trace_id = _header(request, HEADER_TRACE_ID) or task_id

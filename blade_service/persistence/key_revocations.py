@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import text
@@ -36,7 +37,9 @@ def notify_revoked(session: Session, key_id: str) -> None:
 class RevocationListener:
     """LISTEN on `CHANNEL` and call `on_revoked(key_id)`; `set_enabled(False)` while not listening."""
 
-    def __init__(self, dsn: str, *, on_revoked, set_enabled) -> None:
+    def __init__(
+        self, dsn: str, *, on_revoked: Callable[[str], None], set_enabled: Callable[[bool], None]
+    ) -> None:
         self.dsn, self.on_revoked, self.set_enabled = dsn, on_revoked, set_enabled
         self.listening = threading.Event()
         self._stop = threading.Event()

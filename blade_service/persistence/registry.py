@@ -82,7 +82,8 @@ def stale_flags(stack: list[AdapterVersion]) -> dict[str, bool]:
     stack where their compaction v4 is active instead.
     """
     contains = {a.id: list((a.lineage or {}).get("contains", [])) for a in stack if a.kind == COMPACTION_KIND}
-    flags, active_below = {}, []
+    flags: dict[str, bool] = {}
+    active_below: list[str] = []
     for adapter in stack:
         parents = _expand(list(adapter.parent_stack or []), contains)
         flags[adapter.id] = parents != _expand(active_below, contains)
@@ -111,9 +112,10 @@ def create_adapter_version(
     without putting it into the effective model (an adapter the policy gate held back).
     """
     if isinstance(request, str):
-        request = session.get(UnlearnRequest, request)
-        if request is None:
+        found = session.get(UnlearnRequest, request)
+        if found is None:
             raise NotFound("no such unlearn request")
+        request = found
     _lock_base_model(session, request.base_model_id)
     existing = session.scalars(
         select(AdapterVersion).where(AdapterVersion.request_id == request.id)
@@ -436,7 +438,8 @@ def enable(
             f"({containers[0].id}); disable that one first, then enable the versions it replaced",
             code="compacted",
         )
-    override = changed and adapter.request is not None and adapter.request.status == "rejected"
+    request = adapter.request
+    override = changed and request is not None and request.status == "rejected"
     if changed:
         _set_state(
             session,
@@ -451,9 +454,9 @@ def enable(
                 **({"policy_override": True} if override else {}),
             },
         )
-    if override:  # the policy gate held it back: an admin activates it anyway; the verdict keeps the record
-        gate = dict(adapter.request.gate or {})
+    if override and request is not None:  # the policy gate held it back: an admin activates it anyway
+        gate = dict(request.gate or {})  # the verdict keeps the record
         gate["override"] = {"by": actor, "reason": reason, "at": utcnow().isoformat()}
-        adapter.request.gate = gate
+        request.gate = gate
     session.flush()
     return RegistryChange(adapter, changed, flagged if changed else [], [])

@@ -273,7 +273,8 @@ def _post(endpoint: WebhookEndpoint, delivery: WebhookDelivery) -> tuple[int | N
 
 def backoff_s(attempts: int, settings: Settings) -> float:
     """Delay before the next try after `attempts` failed ones: base x 2^(attempts-1)."""
-    return settings.webhook_retry_base_s * 2 ** (attempts - 1)
+    factor: float = 2 ** (attempts - 1)  # int ** int is typed Any (a negative power is a float)
+    return settings.webhook_retry_base_s * factor
 
 
 def deliver_due(session: Session, *, settings: Settings, limit: int = 20) -> list[str]:
