@@ -14,7 +14,7 @@ from sqlalchemy import update
 
 from blade_service.cli import client_verbs
 from blade_service.cli.main import build_parser, main
-from blade_service.cli.service import admin_key_lines
+from blade_service.cli.up import admin_key_lines
 from blade_service.client import BladeClient, http
 from blade_service.persistence.models import RequestStatus, TrainingEvent, UnlearnRequest, utcnow
 from tests.fixtures_services import headers, qa_rows, upload_dataset

@@ -54,7 +54,7 @@ def test_every_task_has_a_route():
 
 
 def test_worker_command_lines():
-    from blade_service.cli.service import worker_argv
+    from blade_service.cli.worker import worker_argv
 
     gpu = worker_argv(
         queues=["unlearn"],

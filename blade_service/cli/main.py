@@ -17,7 +17,9 @@ COMMAND_MODULES = (
     "blade_service.cli.unlearn",
     "blade_service.cli.evaluate",
     "blade_service.cli.bench",
-    "blade_service.cli.service",
+    "blade_service.cli.up",
+    "blade_service.cli.api",
+    "blade_service.cli.worker",
     "blade_service.cli.client_verbs",
     "blade_service.cli.certificate",
 )

@@ -1,10 +1,10 @@
-"""The service processes: `blade up` (everything, embedded), `blade api` and `blade worker` (production
-processes, configured by BLADE_* environment variables). The client verbs (`blade submit`, `blade status`,
-...) are in `cli/client_verbs.py`.
+"""`blade up`: the whole service on embedded defaults (what `make run` starts). It prepares the data dir
+(migrations, the demo base model `demo-tiny`, the admin key), then supervises two child processes, `blade api`
+and one `blade worker` on every queue, each in its own session with its log under the data dir: it waits for
+both to be ready, prints the banner with a first request to paste, and stops both in order on Ctrl-C or when
+either exits.
 
-    blade up --port 8000 --data-dir ./var        # API + one Celery worker + SQLite + server-less broker
-    blade worker --queues unlearn                # a GPU worker: one task per child process, acks late
-"""
+    blade up --port 8000 --data-dir ./var        # API + one Celery worker + SQLite + server-less broker"""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from blade_service.cli.main import CliError
+from blade_service.cli.worker import EMBEDDED_QUEUES
 
 DEMO_MODEL_NAME = "demo-tiny"
 ADMIN_KEY_FILE = "admin-key"  # under the data dir, mode 0600: the key `blade up` generated on first start
-EMBEDDED_QUEUES = "unlearn,inference,maintenance"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -51,148 +51,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a TOFU-format dir for the printed first-request example (default: the demo world)",
     )
     p.set_defaults(func=run_up)
-
-    p = subparsers.add_parser("api", help="the API process (uvicorn), configured by BLADE_* variables")
-    p.add_argument("--host", default=None, help="default BLADE_HOST")
-    p.add_argument("--port", type=int, default=None, help="default BLADE_PORT")
-    p.add_argument(
-        "--workers", type=int, default=None, help="uvicorn worker processes (default BLADE_API_WORKERS)"
-    )
-    p.set_defaults(func=run_api)
-
-    p = subparsers.add_parser("worker", help="a Celery worker process, configured by BLADE_* variables")
-    p.add_argument(
-        "--queues",
-        default=EMBEDDED_QUEUES,
-        help="comma-separated: unlearn (GPU training), inference, maintenance (the reconciler)",
-    )
-    p.add_argument("--concurrency", type=int, default=1, help="tasks at once (one per GPU: keep 1)")
-    p.add_argument("--pool", choices=("prefork", "threads", "solo"), default="prefork")
-    p.add_argument(
-        "--max-tasks-per-child",
-        type=int,
-        default=None,
-        help="default 1 when the worker consumes the unlearn queue with the prefork pool",
-    )
-    p.add_argument(
-        "--beat",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="run the periodic reconciler schedule in this worker (default: when it consumes "
-        "the maintenance queue)",
-    )
-    p.add_argument("--name", default=None, help="Celery node name (default ROLE@hostname)")
-    p.add_argument("--loglevel", default=None, help="default BLADE_LOG_LEVEL")
-    p.set_defaults(func=run_worker)
-
-
-# --- blade worker -------------------------------------------------------------------------------------------
-
-
-def worker_argv(
-    *,
-    queues: list[str],
-    concurrency: int,
-    pool: str,
-    max_tasks_per_child: int | None,
-    beat: bool | None,
-    name: str | None,
-    loglevel: str,
-    schedule_file: Path | None = None,
-) -> list[str]:
-    """The `celery worker` arguments for one blade worker (pure: tests read them)."""
-    from blade_service.contracts.names import Queue
-
-    if max_tasks_per_child is None and pool == "prefork" and Queue.UNLEARN.value in queues:
-        max_tasks_per_child = 1  # GPU memory goes back to the driver after every training run
-    if beat is None:
-        beat = Queue.MAINTENANCE.value in queues
-    role = "gpu" if queues == [Queue.UNLEARN.value] else "worker"
-    argv = [
-        "worker",
-        "--queues",
-        ",".join(queues),
-        "--concurrency",
-        str(concurrency),
-        "--pool",
-        pool,
-        "--hostname",
-        name or f"{role}@{socket.gethostname()}",
-        "--loglevel",
-        loglevel.upper(),
-        "--without-mingle",
-        "--without-gossip",
-    ]
-    if max_tasks_per_child:
-        argv += ["--max-tasks-per-child", str(max_tasks_per_child)]
-    if beat:
-        argv.append("--beat")
-        if schedule_file is not None:
-            argv += ["--schedule", str(schedule_file)]
-    return argv
-
-
-def run_worker(args: argparse.Namespace) -> int:
-    from blade_service.contracts.names import ALL_QUEUES
-    from blade_service.persistence.settings import get_settings
-
-    settings = get_settings()
-    queues = [q.strip() for q in args.queues.split(",") if q.strip()]
-    unknown = [q for q in queues if q not in ALL_QUEUES]
-    if unknown or not queues:
-        raise CliError(
-            f"--queues: unknown queue {unknown[0] if unknown else '(none)'!r}; "
-            f"choose from {', '.join(ALL_QUEUES)}"
-        )
-    _configure_logging("worker", args.loglevel or settings.log_level)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    from blade_service.worker.celery_app import app
-
-    argv = worker_argv(
-        queues=queues,
-        concurrency=args.concurrency,
-        pool=args.pool,
-        max_tasks_per_child=args.max_tasks_per_child,
-        beat=args.beat,
-        name=args.name,
-        loglevel=args.loglevel or settings.log_level,
-        schedule_file=(settings.data_dir / "celerybeat-schedule").resolve(),
-    )
-    app.worker_main(argv)
-    return 0
-
-
-# --- blade api ----------------------------------------------------------------------------------------------
-
-
-def run_api(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from blade_service.persistence.settings import get_settings
-
-    settings = get_settings()
-    _configure_logging("api", settings.log_level)
-    uvicorn.run(
-        "blade_service.api.main:create_app",
-        factory=True,
-        host=args.host or settings.host,
-        port=args.port or settings.port,
-        workers=args.workers or settings.resolved_api_workers(),
-        log_level=settings.log_level.lower(),
-        log_config=None,
-        access_log=False,  # the API's own middleware logs each request as one JSON line ("http.request")
-        proxy_headers=True,
-    )
-    return 0
-
-
-def _configure_logging(service: str, level: str) -> None:
-    from blade_service.persistence.jsonlog import configure_logging
-
-    configure_logging(service=service, level=level)
-
-
-# --- blade up -----------------------------------------------------------------------------------------------
 
 
 def _say(message: str) -> None:
