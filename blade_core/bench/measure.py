@@ -46,7 +46,7 @@ class PeakMemory:
             import torch
 
             torch.cuda.reset_peak_memory_stats()
-            self._base = torch.cuda.memory_allocated()
+            self._base: float = torch.cuda.memory_allocated()
             return self
         _release_free_memory()  # else the run reuses freed heap pages and its growth barely shows in RSS
         self._base = self.rss_mb()

@@ -7,12 +7,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from blade_core.bench.measure import PeakMemory
 from blade_core.bench.models import split_paths
 from blade_core.bench.report import _fmt
 from blade_core.bench.settings import BenchPlan, Log
+
+if TYPE_CHECKING:
+    from blade_service.contracts.methods.baselines import BaselineConfig
 
 
 def method_overrides(method: str, plan: BenchPlan) -> dict[str, Any]:
@@ -56,7 +59,8 @@ def step_cap(plan: BenchPlan, method: str, forget: Path) -> int | None:
         from blade_core.methods._loop import schedule
 
         n_forget = len(load_rows(forget, ("question", "answer")))
-        return min(cap, schedule(replace(config, max_steps=None), n_forget).total_steps)
+        baseline = cast("BaselineConfig", config)  # only the baselines' configs have `epochs`
+        return min(cap, schedule(replace(baseline, max_steps=None), n_forget).total_steps)
     return min(cap, config.max_steps) if config.max_steps else cap  # BLADE: its own cap T
 
 

@@ -138,9 +138,9 @@ def render_markdown(results: dict[str, Any], plots: Sequence[Path] = ()) -> str:
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     lines += ["", "## Best HM per split", ""]
     for sp in splits:
-        cells = {m: summary.get((m, sp), {}).get("HM") or {} for m in methods}
+        hm = {m: summary.get((m, sp), {}).get("HM") or {} for m in methods}
         ranked = sorted(
-            ((c["mean"], c.get("std") or 0.0, m) for m, c in cells.items() if c.get("mean") is not None)
+            ((c["mean"], c.get("std") or 0.0, m) for m, c in hm.items() if c.get("mean") is not None)
         )
         lines.append(f"- {sp}: " + ", ".join(f"{m} {v:.3f} ± {sd:.3f}" for v, sd, m in ranked[::-1]))
     statuses = [

@@ -93,7 +93,8 @@ def run_bench(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
     say = (lambda msg: tqdm.write(msg)) if plan.progress else log
     selection = select_multipliers(plan, say)  # before anything reads the test world
     plan.multipliers = {m: float(v) for m, v in selection["chosen"].items()}
-    rows, histories, reference_rows = [], {}, []
+    rows, histories = [], {}
+    reference_rows: list[dict[str, Any]] = []
     stream = bool(plan.sequential or plan.scales)
     if stream:
         from blade_core.bench.stream import run_streams
