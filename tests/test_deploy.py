@@ -66,8 +66,9 @@ def test_hub_models_get_a_token_and_a_cache_volume():
 def test_alert_rules_use_metrics_the_code_exports():
     rules = yaml.safe_load((ROOT / "deploy" / "alerts.yml").read_text())["groups"][0]["rules"]
     exported = set()
-    for path in [*ROOT.joinpath("api").rglob("*.py"), *ROOT.joinpath("worker").rglob("*.py")]:
-        exported |= set(re.findall(r'"(blade_[a-z_]+)"', path.read_text()))
+    for package in ("api", "worker"):
+        for path in (ROOT / "blade_service" / package).rglob("*.py"):
+            exported |= set(re.findall(r'"(blade_[a-z_]+)"', path.read_text()))
     names = {r["alert"] for r in rules}
     assert {"BladeWorkerDown", "BladeWorkerHeartbeatStale", "BladeOldestQueuedRequestTooOld"} <= names
     assert {"BladeRequestFailureRate", "BladeAuditChainBroken"} <= names

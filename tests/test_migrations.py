@@ -66,7 +66,7 @@ def test_alembic_cli_config_works_from_the_repo(tmp_path, monkeypatch):
     monkeypatch.setenv("BLADE_DATABASE_URL", url)
     settings_module.get_settings.cache_clear()
     try:
-        ini = Path(__file__).resolve().parent.parent / "migrations" / "alembic.ini"
+        ini = Path(__file__).resolve().parent.parent / "blade_service" / "migrations" / "alembic.ini"
         command.upgrade(Config(str(ini)), "head")
     finally:
         settings_module.get_settings.cache_clear()
