@@ -55,7 +55,7 @@ def test_blade_up_serves_a_request_end_to_end(tiny_model_dir, tmp_path):
         [
             sys.executable,
             "-m",
-            "cli",
+            "blade_service.cli",
             "up",
             "--port",
             str(port),

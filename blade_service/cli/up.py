@@ -280,7 +280,7 @@ def run_up(args: argparse.Namespace) -> int:
             [
                 python,
                 "-m",
-                "cli",
+                "blade_service.cli",
                 "worker",
                 "--queues",
                 EMBEDDED_QUEUES,
