@@ -11,24 +11,30 @@ their neighbours without reporting anything about other tenants' entries. Losing
 valid (shorter) chain: `persistence/audit_heads.py` keeps signed heads outside the table to catch that.
 The database refuses UPDATE and DELETE on the table (triggers in the initial migration) and `prev_hash` is
 unique, so two writers can never fork the chain; on PostgreSQL appends take a transaction-scoped advisory
-lock so they queue instead of failing.
+lock so they queue instead of failing, and one INSERT ... SELECT reads the head, links the entry to it and
+computes the hash above in SQL (`_pg_append_statement`): one round trip after the lock.
 
 Appending joins the caller's transaction: the entry commits (or rolls back) with the change it records.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, select
+from sqlalchemy import Executable, Select, Table, Text, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from blade_service.persistence.models import GENESIS_HASH, AuditEntry, utcnow
 
 _APPEND_LOCK = 727273  # pg_advisory_xact_lock key for appends
+# PostgreSQL: a column that takes the append lock (held until the transaction ends) when a statement evaluates
+# it. A writer may fold it into a statement of its own before `append(..., chain_locked=True)`, one round trip
+# fewer; the head is still read by a later statement, whose snapshot is taken once the lock is held.
+CHAIN_LOCK = func.pg_advisory_xact_lock(_APPEND_LOCK)
 
 
 def canonical_json(value: Any) -> str:
@@ -65,12 +71,11 @@ def append(
     tenant_id: str | None = None,
     reason: str | None = None,
     data: dict[str, Any] | None = None,
+    chain_locked: bool = False,
 ) -> AuditEntry:
-    """Add one entry at the head of the chain, in the caller's transaction."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(select(_pg_lock()))
-    prev = session.scalar(select(AuditEntry.hash).order_by(AuditEntry.id.desc()).limit(1)) or GENESIS_HASH
-    entry = AuditEntry(
+    """Add one entry at the head of the chain, in the caller's transaction. `chain_locked`: an earlier
+    statement of this transaction took the append lock already (`CHAIN_LOCK`), so it is not taken again."""
+    draft = AuditEntry(
         created_at=utcnow(),
         tenant_id=tenant_id,
         actor=actor,
@@ -80,10 +85,19 @@ def append(
         subject_id=str(subject_id),
         reason=reason,
         data=json.loads(canonical_json(data or {})),
-        prev_hash=prev,
     )
-    entry.hash = compute_hash(prev, entry_payload(entry))
-    session.add(entry)
+    if session.get_bind().dialect.name == "postgresql":
+        if not chain_locked:
+            session.execute(select(CHAIN_LOCK))
+        # One statement: it reads the head (its snapshot is taken after the lock is held) and hashes onto it.
+        params = {f"v_{name}": getattr(draft, name) for name in _CONTENT}
+        params["canonical"] = canonical_json(entry_payload(draft))
+        entry: AuditEntry = session.execute(_pg_append_statement(), params).scalar_one()
+    else:
+        prev = session.scalar(_head_hash_query()) or GENESIS_HASH
+        entry = draft
+        entry.prev_hash, entry.hash = prev, compute_hash(prev, entry_payload(draft))
+        session.add(entry)
     from blade_service.persistence import (
         webhooks,  # the outbox: a tenant's webhook deliveries commit with the change
     )
@@ -93,10 +107,41 @@ def append(
     return entry
 
 
-def _pg_lock() -> Any:
-    from sqlalchemy import func
+# The columns an append writes besides the links (prev_hash, hash); `entry_payload` covers exactly these.
+_CONTENT = (
+    "created_at",
+    "tenant_id",
+    "actor",
+    "actor_key_id",
+    "action",
+    "subject_type",
+    "subject_id",
+    "reason",
+    "data",
+)
 
-    return func.pg_advisory_xact_lock(_APPEND_LOCK)
+
+@functools.cache
+def _head_hash_query() -> Select[str]:
+    return select(AuditEntry.hash).order_by(AuditEntry.id.desc()).limit(1)
+
+
+@functools.cache
+def _pg_append_statement() -> Executable:
+    """PostgreSQL: INSERT ... SELECT that links the entry to the head and computes its hash in SQL, exactly
+    `compute_hash`: hex(sha256(UTF-8 of prev_hash || canonical JSON)), read back as the entity. Built once."""
+    table = cast(Table, AuditEntry.__table__)
+    head = select(func.coalesce(_head_hash_query().scalar_subquery(), GENESIS_HASH).label("prev")).subquery(
+        "head"
+    )
+    digest = func.encode(
+        func.sha256(func.convert_to(head.c.prev.concat(bindparam("canonical", type_=Text)), "UTF8")), "hex"
+    )
+    content = [bindparam(f"v_{name}", type_=table.c[name].type) for name in _CONTENT]
+    insert = table.insert().from_select(
+        [*_CONTENT, "prev_hash", "hash"], select(*content, head.c.prev, digest)
+    )
+    return select(AuditEntry).from_statement(insert.returning(*table.c))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,163 @@
+"""`requests.submit_request` on SQLite and PostgreSQL, called directly: numbering and queue positions,
+replays, the errors of the step-by-step checks, a concurrent retry with the same Idempotency-Key, and the
+audit entry whose hash PostgreSQL computes (it must be the one `audit.compute_hash` gives)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from blade_service.persistence import audit, auth, base_models, datasets, requests
+from blade_service.persistence.db import make_engine, upgrade_to_head
+from blade_service.persistence.errors import Conflict, Invalid
+from blade_service.persistence.models import AuditEntry
+from blade_service.persistence.storage import LocalStorage
+from tests.fixtures_services import jsonl, qa_rows
+from tests.fixtures_worker import wait_until
+
+pytestmark = pytest.mark.services
+
+
+class World:
+    """A tenant with a base model and two datasets on one database."""
+
+    def __init__(self, factory: sessionmaker[Session], storage: LocalStorage):
+        self.factory = factory
+        with factory() as s, s.begin():
+            self.tenant_id = auth.get_or_create_tenant(s, name=f"sub-{uuid.uuid4().hex[:8]}").id
+            self.model = base_models.register(
+                s, name=f"bm-{uuid.uuid4().hex[:8]}", source="/m", tenant_id=self.tenant_id, actor="test"
+            ).name
+            self.forget, self.retain = (
+                datasets.create_dataset(
+                    s,
+                    storage,
+                    tenant_id=self.tenant_id,
+                    filename=f"{name}.jsonl",
+                    data=jsonl(qa_rows(2, name)),
+                    actor="test",
+                ).id
+                for name in ("f", "r")
+            )
+
+    def submit(self, session: Session, **overrides: Any) -> tuple[Any, bool, int | None]:
+        kwargs: dict[str, Any] = {
+            "tenant_id": self.tenant_id,
+            "base_model": self.model,
+            "forget_dataset": self.forget,
+            "retain_dataset": self.retain,
+            "actor": "test",
+            "params": {"max_steps": 3},
+        }
+        return requests.submit_request(session, **(kwargs | overrides))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def world(request, tmp_path) -> Iterator[World]:
+    url = (
+        f"sqlite:///{tmp_path / 'submit.db'}"
+        if request.param == "sqlite"
+        else request.getfixturevalue("fresh_pg_url")
+    )
+    upgrade_to_head(url)
+    engine = make_engine(url)
+    yield World(sessionmaker(engine, expire_on_commit=False), LocalStorage(tmp_path / "artifacts"))
+    engine.dispose()
+
+
+def test_requests_are_numbered_in_order_with_their_queue_positions(world):
+    seen = []
+    for _ in range(3):
+        with world.factory() as s, s.begin():
+            request, created, position = world.submit(s)
+            seen.append((request.queue_seq, position, created, request.base_model.name, request.adapter))
+    assert seen == [(i + 1, i, True, world.model, None) for i in range(3)]
+    with world.factory() as s:
+        assert audit.verify_chain(s).intact
+
+
+def test_a_repeated_idempotency_key_returns_the_original_and_a_changed_body_conflicts(world):
+    with world.factory() as s, s.begin():
+        first, created, _ = world.submit(s, idempotency_key="k-1")
+    assert created
+    with world.factory() as s, s.begin():
+        again, created, position = world.submit(s, idempotency_key="k-1")
+    assert (again.id, created, position) == (first.id, False, None)
+    with world.factory() as s, s.begin(), pytest.raises(Conflict) as caught:
+        world.submit(s, idempotency_key="k-1", params={"max_steps": 4})
+    assert caught.value.code == "idempotency_key_reused"
+    # A replay is answered before the body is checked again: even one naming a missing dataset.
+    with world.factory() as s, s.begin():
+        assert world.submit(s, idempotency_key="k-1")[0].id == first.id
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "code"),
+    [
+        ({"base_model": "no-such-model"}, "base_model", "unknown_base_model"),
+        ({"forget_dataset": "ds_missing"}, "forget_dataset", "unknown_dataset"),
+        ({"retain_dataset": "ds_missing"}, "retain_dataset", "unknown_dataset"),
+        ({"retain_dataset": None}, "retain_dataset", "invalid"),
+        ({"method": "nope"}, "method", "unknown_method"),
+    ],
+)
+def test_what_is_missing_is_named_and_nothing_is_stored(world, overrides, field, code):
+    with world.factory() as s, pytest.raises(Invalid) as caught:
+        world.submit(s, **overrides)
+    assert (caught.value.field, caught.value.code) == (field, code)
+    with world.factory() as s, s.begin():
+        request, created, position = world.submit(s)
+    assert (request.queue_seq, created, position) == (1, True, 0)
+
+
+def test_the_audit_entry_hash_is_the_chain_formula(world):
+    with world.factory() as s, s.begin():
+        request, _, _ = world.submit(s, metadata={"note": "é ü 漢 \U0001f600"})
+    with world.factory() as s:
+        entry = s.scalars(select(AuditEntry).where(AuditEntry.subject_id == request.id)).one()
+        assert entry.hash == audit.compute_hash(entry.prev_hash, audit.entry_payload(entry))
+        before = s.scalars(select(AuditEntry.hash).where(AuditEntry.id < entry.id).order_by(AuditEntry.id))
+        assert entry.prev_hash == list(before)[-1]  # the dataset uploads were logged first
+
+
+def test_a_concurrent_retry_with_the_same_key_waits_and_returns_the_original(world):
+    if world.factory.kw["bind"].dialect.name != "postgresql":
+        pytest.skip("SQLite serialises writers: there is no concurrent submission")
+    first = world.factory()
+    original, created, _ = world.submit(first, idempotency_key="race")  # holds the base model's lock
+    assert created
+    answer: dict[str, Any] = {}
+
+    def retry() -> None:
+        with world.factory() as s, s.begin():
+            request, answer["created"], _ = world.submit(s, idempotency_key="race")
+            answer["id"] = request.id
+
+    thread = threading.Thread(target=retry)
+    thread.start()
+    with world.factory() as watcher:  # the retry waits for the first submission's transaction
+
+        def retry_waits() -> bool:
+            return bool(
+                watcher.scalar(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                    )
+                )
+            )
+
+        wait_until(retry_waits, timeout=30, what="the retry to wait for the lock")
+    first.commit()
+    first.close()
+    thread.join()
+    assert answer == {"id": original.id, "created": False}
+    with world.factory() as s, s.begin():
+        later, created, position = world.submit(s)
+    assert (later.queue_seq, created, position) == (2, True, 1)
