@@ -6,7 +6,7 @@ def handler(session: SessionDep, key: ReadKey) -> ...     # 401 without a valid 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -22,7 +22,8 @@ from blade_service.persistence.storage import Storage
 
 
 def get_settings_dep(request: Request) -> Settings:
-    return request.app.state.settings
+    settings: Settings = request.app.state.settings
+    return settings
 
 
 async def _closing(session: Session) -> None:
@@ -54,7 +55,8 @@ async def get_read_session(request: Request) -> AsyncIterator[Session]:
 
 
 def get_storage_dep(request: Request) -> Storage:
-    return request.app.state.storage
+    storage: Storage = request.app.state.storage
+    return storage
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
@@ -104,7 +106,7 @@ def _look_up_key(session_factory: Any, secret: str, cache: auth.KeyCache) -> Api
 CurrentKey = Annotated[ApiKey, Depends(current_key)]
 
 
-def require_scope(scope: Scope):
+def require_scope(scope: Scope) -> Callable[[ApiKey], Awaitable[ApiKey]]:
     """A dependency that returns the caller's key if it has `scope` (admin has all); else 403."""
 
     async def check(key: CurrentKey) -> ApiKey:

@@ -110,4 +110,5 @@ def page_after(
 
 
 def _newer_first_after(k: list[Any], after: list[Any]) -> bool:
-    return k[0] < after[0] or (k[0] == after[0] and k[1] > after[1])
+    newer: bool = k[0] < after[0] or (k[0] == after[0] and k[1] > after[1])
+    return newer

@@ -173,9 +173,11 @@ def run(args: argparse.Namespace) -> int:
                 raise CliError(f"--validation-data {args.validation_data}: not a directory")
             v_target = args.validation_target
             if v_target is None:
-                _, v_target, _ = bench.prepare_models(
+                _, built_v_target, _ = bench.prepare_models(
                     args.validation_data, args.cache, settings, [], log=log, progress=progress
                 )
+                assert built_v_target is not None  # build_target defaults to True
+                v_target = built_v_target
             validation = bench.ValidationWorld(Path(args.validation_data), Path(v_target))
         data_dir, target, golds = args.data, args.target, {}
         for item in args.gold:
@@ -195,7 +197,9 @@ def run(args: argparse.Namespace) -> int:
                 log=log,
                 progress=progress,
             )
-            target = target or built_target
+            if target is None:
+                assert built_target is not None  # build_target=True when there was no --target
+                target = built_target
             golds.update(built_golds)
     for path in [target, *golds.values(), *([validation.target] if validation else [])]:
         if not (Path(path) / "config.json").is_file():

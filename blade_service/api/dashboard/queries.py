@@ -138,8 +138,8 @@ def overview(
             .group_by(BaseModel.name)
         ).all()
     )
-    workers = []
-    running_ids = set()
+    workers: list[dict[str, Any]] = []
+    running_ids: set[str] = set()
     for w in session.scalars(select(WorkerHeartbeat).order_by(WorkerHeartbeat.worker_name)).all():
         last_seen = w.last_seen if w.last_seen.tzinfo else w.last_seen.replace(tzinfo=UTC)
         age = max(0.0, (now - last_seen).total_seconds())
@@ -163,10 +163,10 @@ def overview(
         rows = {
             r.id: r for r in session.scalars(select(UnlearnRequest).where(UnlearnRequest.id.in_(running_ids)))
         }
-        for w in workers:
-            r = rows.get(w["current_request_id"] or "")
+        for worker in workers:
+            r = rows.get(worker["current_request_id"] or "")
             if r is not None:
-                w["running"] = request_summary(r) if r.tenant_id == tenant_id else {"other_tenant": True}
+                worker["running"] = request_summary(r) if r.tenant_id == tenant_id else {"other_tenant": True}
     workers.sort(key=lambda w: (not w["alive"], w["name"]))
     return {
         "counts": [(s, counts.get(s, 0)) for s in STATE_ORDER],
@@ -255,7 +255,7 @@ NOT_METRICS = frozenset(
 )
 
 
-def metric_rows(before: dict | None, after: dict | None) -> list[dict[str, Any]]:
+def metric_rows(before: dict[str, Any] | None, after: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Before/after side by side: one row per numeric metric, dotted names for nested groups."""
     b: dict[str, Any] = {}
     a: dict[str, Any] = {}
@@ -321,8 +321,9 @@ def model_detail(session: Session, *, tenant_id: str, name: str) -> dict[str, An
             if _status(a.state) == "active":
                 active_below.append(a.id)
             continue
-        req = a.request
-        mine = req is not None and req.tenant_id == tenant_id
+        own = a.request
+        req = own if own is not None and own.tenant_id == tenant_id else None  # only the caller's own
+        mine = req is not None
         parent = list(a.parent_stack or [])
         items.append(
             {
@@ -335,7 +336,7 @@ def model_detail(session: Session, *, tenant_id: str, name: str) -> dict[str, An
                 "created_at": a.created_at,
                 "request_id": a.request_id,
                 "request_visible": mine,
-                "headline": headline_metrics(req.metrics_before, req.metrics_after) if mine else [],
+                "headline": [] if req is None else headline_metrics(req.metrics_before, req.metrics_after),
                 "parent_ids": parent,
                 "parent_versions": [versions.get(p, p) for p in parent],
                 "stale": stale[a.id],
@@ -393,7 +394,9 @@ def _other_tenants(a: Any, *, stale: bool) -> dict[str, Any]:
 HEADLINE = ("forget.Prob", "forget.ROUGE", "mia.auc", "retain.Prob", "retain.ROUGE")
 
 
-def headline_metrics(before: dict | None, after: dict | None, limit: int = 5) -> list[dict[str, Any]]:
+def headline_metrics(
+    before: dict[str, Any] | None, after: dict[str, Any] | None, limit: int = 5
+) -> list[dict[str, Any]]:
     """A few before -> after pairs for the stack timeline: forget side, MIA, retain side (else the first)."""
     rows = metric_rows(before, after)
     known = sorted((r for r in rows if r["name"] in HEADLINE), key=lambda r: HEADLINE.index(r["name"]))

@@ -18,6 +18,8 @@ STEP_BUCKETS = (1, 5, 10, 25, 50, 100, 150, 200, 250, 400, 600, 1000)
 
 HISTORY_LAG = timedelta(minutes=5)  # rows newer than this are re-read each scrape, older ones folded in once
 TIMED_OUTCOMES = (RequestStatus.SUCCEEDED, RequestStatus.FAILED, RequestStatus.CANCELLED)  # histogrammed
+# label values (tenant, method, status), or fewer of them, -> counts and sums in a fixed order
+Totals = dict[tuple[Any, ...], list[float]]
 
 
 def _seconds(later: Any, earlier: Any, dialect: str) -> Any:
@@ -31,7 +33,7 @@ def _window(column: Any, lo: datetime | None, hi: datetime | None) -> list[Any]:
     return [column.is_not(None)] + ([column >= lo] if lo else []) + ([column < hi] if hi else [])
 
 
-def _finished_rows(session: Session, lo: datetime | None, hi: datetime | None) -> dict[tuple, list[float]]:
+def _finished_rows(session: Session, lo: datetime | None, hi: datetime | None) -> Totals:
     """(tenant, method, status) -> [count, timed count, duration sum, steps sum, *duration buckets,
     *step buckets] over the terminal requests that finished in [lo, hi); "timed" ones (started, and
     succeeded, failed or cancelled) are the histograms' samples; bucket counts are cumulative (`<= bound`),
@@ -58,7 +60,7 @@ def _finished_rows(session: Session, lo: datetime | None, hi: datetime | None) -
     return {(t, m, str(RequestStatus(st).value)): [float(v or 0) for v in rest] for t, m, st, *rest in rows}
 
 
-def _wait_rows(session: Session, lo: datetime | None, hi: datetime | None) -> dict[tuple, list[float]]:
+def _wait_rows(session: Session, lo: datetime | None, hi: datetime | None) -> Totals:
     """() -> [count, wait sum, *wait buckets] over the requests that started in [lo, hi)."""
     r = UnlearnRequest
     wait = _seconds(r.started_at, r.created_at, session.get_bind().dialect.name)
@@ -72,7 +74,7 @@ def _wait_rows(session: Session, lo: datetime | None, hi: datetime | None) -> di
     return {(): [float(v or 0) for v in row]} if row[0] else {}
 
 
-def _add(into: dict[tuple, list[float]], more: dict[tuple, list[float]]) -> dict[tuple, list[float]]:
+def _add(into: Totals, more: Totals) -> Totals:
     for key, values in more.items():
         into[key] = [a + b for a, b in zip(into.get(key, [0.0] * len(values)), values, strict=True)]
     return into
@@ -88,13 +90,11 @@ class HistoryTotals:
 
     def __init__(self) -> None:
         self.through: datetime | None = None
-        self.finished: dict[tuple, list[float]] = {}
-        self.waits: dict[tuple, list[float]] = {}
+        self.finished: Totals = {}
+        self.waits: Totals = {}
         self._lock = threading.Lock()
 
-    def read(
-        self, session: Session, now: datetime
-    ) -> tuple[dict[tuple, list[float]], dict[tuple, list[float]]]:
+    def read(self, session: Session, now: datetime) -> tuple[Totals, Totals]:
         """(finished, waits) as of `now`: the folded totals plus the rows newer than the fold."""
         with self._lock:
             fold_to = now - HISTORY_LAG

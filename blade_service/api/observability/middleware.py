@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from starlette.types import Message, Receive, Scope, Send
 
 from blade_service.persistence.jsonlog import bind, new_trace_id
 
@@ -54,7 +54,7 @@ class ObservabilityMiddleware:
         self.metrics = metrics
         self.skip_paths = skip_paths
 
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -66,7 +66,7 @@ class ObservabilityMiddleware:
         trace_id = trace_id or new_trace_id()
         status = {"code": 500}
 
-        async def send_wrapper(message: dict) -> None:
+        async def send_wrapper(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
                 message.setdefault("headers", [])

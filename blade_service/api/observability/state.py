@@ -15,7 +15,13 @@ from typing import Any
 from sqlalchemy import func, literal_column, select
 from sqlalchemy.orm import Session
 
-from blade_service.api.observability.history import TIME_BUCKETS, TIMED_OUTCOMES, HistoryTotals, _add
+from blade_service.api.observability.history import (
+    TIME_BUCKETS,
+    TIMED_OUTCOMES,
+    HistoryTotals,
+    Totals,
+    _add,
+)
 from blade_service.persistence.models import (
     AdapterVersion,
     BaseModel,
@@ -120,7 +126,7 @@ def snapshot(
     pass the collector's own so its folds last; a fresh one reads everything once)."""
     now = datetime.now(UTC)
     by_tenant, waits = (totals or HistoryTotals()).read(session, now)
-    finished: dict[tuple, list[float]] = {}
+    finished: Totals = {}
     for (_, method, status), values in by_tenant.items():
         _add(finished, {(method, status): values})
     open_by_state_method = session.execute(  # the partial index ix_unlearn_requests_unfinished

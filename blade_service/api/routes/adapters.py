@@ -16,7 +16,7 @@ router = APIRouter(prefix="/adapters", tags=["adapters"])
 
 
 @router.get("/{adapter_id}", response_model=AdapterOut)
-def get_adapter(adapter_id: str, session: SessionDep, key: ReadKey):
+def get_adapter(adapter_id: str, session: SessionDep, key: ReadKey) -> AdapterOut:
     """One version: yours, or on a shared base model one your request made (else 404; the operator: any)."""
     tenant_id = auth.tenant_scope(key)
     adapter = registry.get_adapter(session, adapter_id=adapter_id, tenant_id=tenant_id)
@@ -28,7 +28,9 @@ def get_adapter(adapter_id: str, session: SessionDep, key: ReadKey):
     response_class=StreamingResponse,
     responses={200: {"content": {"application/gzip": {}}}},
 )
-def download_adapter(adapter_id: str, session: SessionDep, storage: StorageDep, key: ReadKey):
+def download_adapter(
+    adapter_id: str, session: SessionDep, storage: StorageDep, key: ReadKey
+) -> StreamingResponse:
     """The adapter's PEFT files as the stored `.tar.gz` archive."""
     adapter = registry.get_adapter(session, adapter_id=adapter_id, tenant_id=auth.tenant_scope(key))
     if not storage.exists(adapter.storage_key):
@@ -46,7 +48,7 @@ def download_adapter(adapter_id: str, session: SessionDep, storage: StorageDep, 
 
 
 @router.post("/{adapter_id}/disable", response_model=StateChangeOut)
-def disable_adapter(adapter_id: str, body: DisableIn, session: SessionDep, key: AdminKey):
+def disable_adapter(adapter_id: str, body: DisableIn, session: SessionDep, key: AdminKey) -> StateChangeOut:
     """Roll back: take it out of the effective model; lists (`cascade`: disables) adapters built on it;
     `cascade: "retrain"` re-runs their requests on the new stack (persistence/rebase.py)."""
     retrain = body.cascade == "retrain"
@@ -83,7 +85,7 @@ def disable_adapter(adapter_id: str, body: DisableIn, session: SessionDep, key: 
 
 
 @router.post("/{adapter_id}/enable", response_model=StateChangeOut)
-def enable_adapter(adapter_id: str, body: EnableIn, session: SessionDep, key: AdminKey):
+def enable_adapter(adapter_id: str, body: EnableIn, session: SessionDep, key: AdminKey) -> StateChangeOut:
     """Restore a disabled adapter; lists later adapters that were trained while it was out."""
     change = registry.enable(
         session,

@@ -28,7 +28,7 @@ def list_audit_log(
     ),
     limit: Limit = 100,
     cursor: Cursor = None,
-):
+) -> Page[AuditEntryOut]:
     """Newest first, a cursor page."""
     after = decode_cursor(cursor, "int")
     if after is not None:
@@ -45,7 +45,9 @@ def list_audit_log(
 
 
 @router.get("/verify", response_model=ChainOut)
-def verify_audit_log(session: SessionDep, storage: StorageDep, settings: SettingsDep, key: ReadKey):
+def verify_audit_log(
+    session: SessionDep, storage: StorageDep, settings: SettingsDep, key: ReadKey
+) -> ChainOut:
     """Recompute the hash chain (the operator: every entry; a tenant: its own entries and their links) and
     check every signed head is still in it; then sign the current head. Intact, or the first problem."""
     tenant_id = auth.tenant_scope(key)

@@ -19,7 +19,7 @@ router = APIRouter(prefix="/base-models", tags=["base models"])
 @router.post("", status_code=201, response_model=BaseModelOut)
 def register_base_model(
     body: BaseModelIn, session: SessionDep, settings: SettingsDep, storage: StorageDep, key: AdminKey
-):
+) -> BaseModelOut:
     """Register a base model for your tenant (or, with `shared`, for every tenant).
 
     A hub-id `source` (`org/name[@revision]`) is checked against the hub: 422 when it denies the model,
@@ -61,14 +61,14 @@ def _stored(storage: Storage, key: str) -> bool:
 @router.get("", response_model=Page[BaseModelOut])
 def list_base_models(
     session: SessionDep, key: ReadKey, limit: Limit = 100, cursor: Cursor = None, offset: Offset = 0
-):
+) -> Page[BaseModelOut]:
     """By name, a cursor page."""
     found = [BaseModelOut.of(m) for m in base_models.list_visible(session, tenant_id=key.tenant_id)]
     return page_after(found, cursor=cursor, kinds="str", limit=limit, offset=offset, key=lambda m: [m.name])
 
 
 @router.get("/{name}", response_model=BaseModelOut)
-def get_base_model(name: str, session: SessionDep, key: ReadKey):
+def get_base_model(name: str, session: SessionDep, key: ReadKey) -> BaseModelOut:
     return BaseModelOut.of(base_models.get_visible(session, name=name, tenant_id=key.tenant_id))
 
 
@@ -80,7 +80,7 @@ def list_adapters(
     limit: Limit = 1000,
     cursor: Cursor = None,
     offset: Offset = 0,
-):
+) -> Page[AdapterView]:
     """Every adapter version of the model in stack order (by version), active and disabled; a cursor page.
 
     On a shared base model another tenant's versions show only their version and state."""
@@ -92,7 +92,9 @@ def list_adapters(
 
 
 @router.post("/{name}/generate", response_model=GenerateOut, responses=error_responses(502, 504))
-def generate_text(name: str, body: GenerateIn, session: SessionDep, settings: SettingsDep, key: ReadKey):
+def generate_text(
+    name: str, body: GenerateIn, session: SessionDep, settings: SettingsDep, key: ReadKey
+) -> GenerateOut:
     """Greedy completion by the base model plus its active adapters, computed on a worker (bounded wait)."""
     model = base_models.get_visible(session, name=name, tenant_id=key.tenant_id)
     stack = stack_refs(registry.effective_stack(session, model), tenant_id=auth.tenant_scope(key))

@@ -20,7 +20,7 @@ def upload_dataset(
     settings: SettingsDep,
     key: SubmitKey,
     file: UploadFile = File(description="JSON, JSON Lines or .txt; QA rows or text rows"),
-):
+) -> DatasetOut:
     """Store a forget/retain dataset after checking every row (errors name the file, line and field)."""
     data = file.file.read(settings.max_upload_bytes + 1)
     if len(data) > settings.max_upload_bytes:
@@ -43,7 +43,7 @@ def upload_dataset(
 @router.get("", response_model=Page[DatasetOut])
 def list_datasets(
     session: SessionDep, key: ReadKey, limit: Limit = 100, cursor: Cursor = None, offset: Offset = 0
-):
+) -> Page[DatasetOut]:
     """Newest first, a cursor page."""
     after = decode_cursor(cursor, "iso,str")
     found = datasets.list_datasets(
@@ -57,14 +57,14 @@ def list_datasets(
 
 
 @router.get("/{dataset_id}", response_model=DatasetOut)
-def get_dataset(dataset_id: str, session: SessionDep, key: ReadKey):
+def get_dataset(dataset_id: str, session: SessionDep, key: ReadKey) -> DatasetOut:
     return DatasetOut.of(datasets.get_dataset(session, tenant_id=key.tenant_id, dataset_id=dataset_id))
 
 
 @router.delete(
     "/{dataset_id}", response_model=DatasetOut, responses={404: {"model": ErrorOut}, 409: {"model": ErrorOut}}
 )
-def delete_dataset(dataset_id: str, session: SessionDep, storage: StorageDep, key: SubmitKey):
+def delete_dataset(dataset_id: str, session: SessionDep, storage: StorageDep, key: SubmitKey) -> DatasetOut:
     """Delete the dataset's bytes now (409 while a queued or running request uses it); the record stays with
     its sha256 and row count, marked `purged_at`. Forget data is also purged when its request ends."""
     dataset = retention.delete_dataset(

@@ -19,7 +19,7 @@ _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="readyz")
 
 
 @router.get("/healthz", response_model=HealthOut)
-def healthz():
+def healthz() -> HealthOut:
     return HealthOut(status="ok")
 
 
@@ -37,7 +37,7 @@ def _broker(request: Request) -> None:
 
 
 @router.get("/readyz", response_model=HealthOut, responses={503: {"model": HealthOut}})
-def readyz(request: Request):
+def readyz(request: Request) -> JSONResponse:
     """Ready when the database and the task broker both answer within a few seconds."""
     checks: dict[str, str] = {}
     for name, check in (("database", _database), ("broker", _broker)):

@@ -14,13 +14,13 @@ router = APIRouter(tags=["api keys"])
 
 
 @router.get("/me", response_model=ApiKeyOut)
-def get_me(key: CurrentKey):
+def get_me(key: CurrentKey) -> ApiKeyOut:
     """The calling key: its tenant and scopes."""
     return ApiKeyOut.of(key)
 
 
 @router.post("/api-keys", status_code=201, response_model=ApiKeyCreated)
-def create_api_key(body: ApiKeyIn, session: SessionDep, key: AdminKey):
+def create_api_key(body: ApiKeyIn, session: SessionDep, key: AdminKey) -> ApiKeyCreated:
     """A new key for your tenant, or (default tenant's admins only) for another tenant, created if new."""
     tenant = key.tenant
     if body.tenant and body.tenant != tenant.name:
@@ -46,7 +46,7 @@ def create_api_key(body: ApiKeyIn, session: SessionDep, key: AdminKey):
 @router.get("/api-keys", response_model=Page[ApiKeyOut])
 def list_api_keys(
     session: SessionDep, key: AdminKey, limit: Limit = 100, cursor: Cursor = None, offset: Offset = 0
-):
+) -> Page[ApiKeyOut]:
     """Oldest first, a cursor page."""
     found = [ApiKeyOut.of(k) for k in auth.list_keys(session, tenant_id=key.tenant_id)]
     return page_after(
@@ -55,7 +55,7 @@ def list_api_keys(
 
 
 @router.post("/api-keys/{key_id}/revoke", response_model=ApiKeyOut)
-def revoke_api_key(key_id: str, session: SessionDep, key: AdminKey):
+def revoke_api_key(key_id: str, session: SessionDep, key: AdminKey) -> ApiKeyOut:
     revoked = auth.revoke_key(
         session, tenant_id=key.tenant_id, key_id=key_id, actor=auth.actor_of(key), actor_key_id=key.id
     )

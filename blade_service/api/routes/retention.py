@@ -46,7 +46,7 @@ def _out(model: Any, settings: Any) -> RetentionOut:
 
 
 @router.get("/{name}/retention", response_model=RetentionOut, responses={404: {"model": ErrorOut}})
-def get_retention(name: str, session: SessionDep, settings: SettingsDep, key: ReadKey):
+def get_retention(name: str, session: SessionDep, settings: SettingsDep, key: ReadKey) -> RetentionOut:
     model = base_models.get_visible(session, name=name, tenant_id=key.tenant_id)
     return _out(model, settings)
 
@@ -56,7 +56,9 @@ def get_retention(name: str, session: SessionDep, settings: SettingsDep, key: Re
     response_model=RetentionOut,
     responses={403: {"model": ErrorOut}, 404: {"model": ErrorOut}},
 )
-def set_retention(name: str, body: RetentionIn, session: SessionDep, settings: SettingsDep, key: AdminKey):
+def set_retention(
+    name: str, body: RetentionIn, session: SessionDep, settings: SettingsDep, key: AdminKey
+) -> RetentionOut:
     """Longer than the default is the operator's explicit choice (e.g. to retrain after a rollback)."""
     model = base_models.get_visible(session, name=name, tenant_id=key.tenant_id)
     if model.tenant_id is None and not auth.is_operator(key):

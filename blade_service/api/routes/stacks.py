@@ -30,7 +30,7 @@ router = APIRouter(tags=["stacks"])
 
 
 @router.put("/base-models/{name}/policy", response_model=BaseModelOut)
-def set_policy(name: str, body: PolicyIn, session: SessionDep, key: AdminKey):
+def set_policy(name: str, body: PolicyIn, session: SessionDep, key: AdminKey) -> BaseModelOut:
     """Change the unlearning policy and/or canary set (admin; audited with old and new values)."""
     model = base_models.get_visible(session, name=name, tenant_id=key.tenant_id)
     stack_operations.check_may_change_stack(model, tenant_id=key.tenant_id, operator=auth.is_operator(key))
@@ -50,7 +50,7 @@ def set_policy(name: str, body: PolicyIn, session: SessionDep, key: AdminKey):
 
 
 @router.post("/base-models/{name}/compact", status_code=202, response_model=StackOperationOut)
-def compact(name: str, body: CompactIn, session: SessionDep, key: AdminKey):
+def compact(name: str, body: CompactIn, session: SessionDep, key: AdminKey) -> StackOperationOut:
     """Queue the active stack's compaction into one verified version (admin); poll the operation."""
     model = base_models.get_visible(session, name=name, tenant_id=key.tenant_id)
     op = stack_operations.create_compaction(
@@ -71,7 +71,7 @@ def compact(name: str, body: CompactIn, session: SessionDep, key: AdminKey):
 
 
 @router.post("/adapters/{adapter_id}/retrain", status_code=202, response_model=UnlearnRequestOut)
-def retrain(adapter_id: str, body: RetrainIn, session: SessionDep, key: AdminKey):
+def retrain(adapter_id: str, body: RetrainIn, session: SessionDep, key: AdminKey) -> UnlearnRequestOut:
     """Re-run one active version's request on the current stack (admin), e.g. a stale version whose forget
     data was purged, supplied again as `forget_dataset`; the retrain replaces the version when it succeeds."""
     adapter = stack_operations.adapter_to_change(
@@ -92,7 +92,7 @@ def retrain(adapter_id: str, body: RetrainIn, session: SessionDep, key: AdminKey
 
 
 @router.get("/stack-operations/{operation_id}", response_model=StackOperationOut)
-def get_operation(operation_id: str, session: SessionDep, key: ReadKey):
+def get_operation(operation_id: str, session: SessionDep, key: ReadKey) -> StackOperationOut:
     return StackOperationOut.of(
         stack_operations.get_operation(session, operation_id=operation_id, tenant_id=key.tenant_id)
     )
@@ -110,7 +110,7 @@ def export(
     storage: StorageDep,
     key: ReadKey,
     format: Literal["adapter", "merged"] = Query("adapter", description="one PEFT adapter or merged weights"),
-):
+) -> StreamingResponse:
     """The effective model (base + active stack) as one PEFT adapter or merged safetensors, a `.tar.gz`.
 
     A shared base model's stack holds other tenants' adapters: only the operator exports it."""

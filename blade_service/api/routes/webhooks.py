@@ -77,7 +77,9 @@ class DeliveryOut(Schema):
 
 
 @router.post("", status_code=201, response_model=WebhookCreated, responses={422: {"model": ErrorOut}})
-def create_webhook(body: WebhookIn, session: SessionDep, settings: SettingsDep, key: AdminKey):
+def create_webhook(
+    body: WebhookIn, session: SessionDep, settings: SettingsDep, key: AdminKey
+) -> WebhookCreated:
     """Signed JSON on terminal request states and adapter state changes of this tenant."""
     endpoint = webhooks.create_endpoint(
         session,
@@ -96,7 +98,7 @@ def create_webhook(body: WebhookIn, session: SessionDep, settings: SettingsDep, 
 @router.get("", response_model=Page[WebhookOut])
 def list_webhooks(
     session: SessionDep, key: AdminKey, limit: Limit = 100, cursor: Cursor = None, offset: Offset = 0
-):
+) -> Page[WebhookOut]:
     """Oldest first, a cursor page."""
     found = [WebhookOut.of(e) for e in webhooks.list_endpoints(session, tenant_id=key.tenant_id)]
     return page_after(
@@ -105,7 +107,7 @@ def list_webhooks(
 
 
 @router.delete("/{webhook_id}", response_model=WebhookOut, responses={404: {"model": ErrorOut}})
-def disable_webhook(webhook_id: str, session: SessionDep, key: AdminKey):
+def disable_webhook(webhook_id: str, session: SessionDep, key: AdminKey) -> WebhookOut:
     endpoint = webhooks.disable_endpoint(
         session,
         tenant_id=key.tenant_id,
@@ -122,7 +124,7 @@ def disable_webhook(webhook_id: str, session: SessionDep, key: AdminKey):
 )
 def list_webhook_deliveries(
     webhook_id: str, session: SessionDep, key: AdminKey, limit: Limit = 100, cursor: Cursor = None
-):
+) -> Page[DeliveryOut]:
     """Newest first (the latest MAX_LIMIT deliveries), a cursor page."""
     found = webhooks.list_deliveries(
         session, tenant_id=key.tenant_id, endpoint_id=webhook_id, limit=MAX_LIMIT
