@@ -11,7 +11,14 @@ from sqlalchemy import update
 
 from blade_service.persistence import requests
 from blade_service.persistence.models import RequestStatus, TrainingEvent, UnlearnRequest, utcnow
-from tests.fixtures_services import headers, qa_rows, register_model, row_counts, upload_dataset
+from tests.fixtures_services import (
+    celery_configured_for,
+    headers,
+    qa_rows,
+    register_model,
+    row_counts,
+    upload_dataset,
+)
 
 pytestmark = pytest.mark.services
 
@@ -51,6 +58,21 @@ def test_submit_queues_and_enqueues(api_client, api_app, ready, enqueued):
         assert s.get(UnlearnRequest, body["id"]).enqueued_at is not None
     got = api_client.get(f"/unlearn-requests/{body['id']}", headers=headers(ready.tenant.admin)).json()
     assert got["id"] == body["id"] and got["queue_position"] == 0
+
+
+def test_a_publish_the_broker_refuses_leaves_the_request_to_the_reconciler(
+    api_client, api_app, ready, service_settings
+):
+    """The 202 stands (the row is committed); `enqueued_at` is cleared so the reconciler sends it soon."""
+    down = service_settings.model_copy(
+        update={"broker_url": "redis://127.0.0.1:1/0", "result_backend": "redis://127.0.0.1:1/1"}
+    )
+    with celery_configured_for(down):
+        resp = submit(api_client, ready)
+    assert resp.status_code == 202, resp.text
+    with api_app.state.session_factory() as s:
+        stored = s.get(UnlearnRequest, resp.json()["id"])
+        assert stored is not None and stored.status == RequestStatus.QUEUED and stored.enqueued_at is None
 
 
 def test_default_method_is_blade_and_queue_order_follows_submission(api_client, ready):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fastapi import APIRouter, Header, Query, Response
-from sqlalchemy.orm import Session
+from fastapi import APIRouter, Header, Query, Request, Response
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.background import BackgroundTask
 
 from blade_service.api.deps import ReadKey, ReadSessionDep, SessionDep, SubmitKey
 from blade_service.api.pagination import Cursor, Limit, Offset, Page, decode_cursor, page
@@ -32,10 +33,11 @@ def submit_request(
     body: UnlearnRequestIn,
     session: SessionDep,
     key: SubmitKey,
-    response: Response,
+    http: Request,
     idempotency_key: str | None = Header(default=None, alias="Idempotency-Key"),
-) -> UnlearnRequestOut:
-    """Validate and queue a request; a repeated `Idempotency-Key` returns the original request."""
+) -> Response:
+    """Validate and queue a request; a repeated `Idempotency-Key` returns the original request. Three
+    statements in one transaction, then the publish (tests/test_api_speed.py counts them)."""
     request, created, position = requests.submit_request(
         session,
         tenant_id=key.tenant_id,
@@ -54,13 +56,22 @@ def submit_request(
     )
     session.commit()
     if not created:
-        response.headers["Idempotent-Replayed"] = "true"
-        return request_out(session, request)
-    publish_submitted(session, request.id)
-    return UnlearnRequestOut.of(request, queue_position=position)
+        replayed = request_out(session, request)
+        return json_response(replayed, status_code=202, headers={"Idempotent-Replayed": "true"})
+    # The client has its answer before the broker round trip: the row is committed with `enqueued_at`, and a
+    # publish that never happens (the process dies first) is re-sent by the reconciler.
+    publish = BackgroundTask(publish_submitted, http.app.state.session_factory, request.id)
+    out = UnlearnRequestOut.of(request, queue_position=position)
+    return json_response(out, status_code=202, background=publish)
 
 
-def publish_submitted(session: Session, request_id: str) -> None:
+def json_response(out: UnlearnRequestOut, **kwargs: Any) -> Response:
+    """`out`, validated when it was built, serialised once (the response model would dump and validate it
+    again)."""
+    return Response(out.model_dump_json(), media_type="application/json", **kwargs)
+
+
+def publish_submitted(session_factory: sessionmaker[Session], request_id: str) -> None:
     """Publish a request committed with `enqueued_at` set; if the broker is down, clear it so the
     reconciler sends it within its publish grace instead of its requeue delay."""
     from blade_service.broker.dispatch import enqueue_unlearn
@@ -68,10 +79,9 @@ def publish_submitted(session: Session, request_id: str) -> None:
     if enqueue_unlearn(request_id):
         return
     try:
-        requests.clear_enqueued(session, request_id=request_id)
-        session.commit()
-    except Exception:  # never fail an accepted request: the reconciler re-sends it after its requeue delay
-        session.rollback()
+        with session_factory() as session, session.begin():
+            requests.clear_enqueued(session, request_id=request_id)
+    except Exception:  # the reconciler re-sends it after its requeue delay
         log.exception("enqueue.failed", extra={"request_id": request_id})
 
 
@@ -98,7 +108,7 @@ def list_requests(
     limit: Limit = 100,
     cursor: Cursor = None,
     offset: Offset = 0,
-) -> Page[UnlearnRequestOut]:
+):
     """Newest first, a cursor page."""
     after = decode_cursor(cursor, "iso,str")
     found = requests.list_requests(
@@ -121,15 +131,14 @@ def list_requests(
 
 
 @router.get("/{request_id}", response_model=UnlearnRequestOut)
-def get_request(request_id: str, session: ReadSessionDep, key: ReadKey) -> Response:
+def get_request(request_id: str, session: ReadSessionDep, key: ReadKey):
     """One statement (the request, its base model, adapter and queue position), plus the latest steps' times
     while it runs; the key comes from the cache (tests/test_api_speed.py counts them)."""
     request, position = requests.get_request_view(session, tenant_id=key.tenant_id, request_id=request_id)
     out = UnlearnRequestOut.of(
         request, queue_position=position, progress=requests.progress(session, request=request)
     )
-    # Validated once, above: serialised directly instead of dumped and validated again by the response model.
-    return Response(out.model_dump_json(), media_type="application/json")
+    return json_response(out)
 
 
 @router.get("/{request_id}/events", response_model=Page[dict[str, Any]])
@@ -140,7 +149,7 @@ def list_request_events(
     after_step: int | None = Query(None, description="only steps after this one (what `cursor` carries)"),
     limit: int | None = Query(None, ge=1, le=100_000, description="default: every step so far"),
     cursor: Cursor = None,
-) -> Page[dict[str, Any]]:
+):
     """The `history.json` records so far in step order, as a cursor page (`after_step` works too)."""
     requests.get_request(session, tenant_id=key.tenant_id, request_id=request_id)
     after = decode_cursor(cursor, "int")
@@ -153,7 +162,7 @@ def list_request_events(
 
 
 @router.get("/{request_id}/metrics", response_model=MetricsOut)
-def get_request_metrics(request_id: str, session: SessionDep, key: ReadKey) -> MetricsOut:
+def get_request_metrics(request_id: str, session: SessionDep, key: ReadKey):
     request = requests.get_request(session, tenant_id=key.tenant_id, request_id=request_id)
     return MetricsOut(
         request_id=request.id,
@@ -164,9 +173,7 @@ def get_request_metrics(request_id: str, session: SessionDep, key: ReadKey) -> M
 
 
 @router.post("/{request_id}/cancel", response_model=UnlearnRequestOut)
-def cancel_request(
-    request_id: str, session: SessionDep, key: SubmitKey, body: CancelIn | None = None
-) -> UnlearnRequestOut:
+def cancel_request(request_id: str, session: SessionDep, key: SubmitKey, body: CancelIn | None = None):
     """Queued: cancelled at once. Running: `cancelling` until the worker stops at its next step."""
     request = requests.cancel_request(
         session,
