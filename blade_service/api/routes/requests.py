@@ -108,7 +108,7 @@ def list_requests(
     limit: Limit = 100,
     cursor: Cursor = None,
     offset: Offset = 0,
-):
+) -> Page[UnlearnRequestOut]:
     """Newest first, a cursor page."""
     after = decode_cursor(cursor, "iso,str")
     found = requests.list_requests(
@@ -131,7 +131,7 @@ def list_requests(
 
 
 @router.get("/{request_id}", response_model=UnlearnRequestOut)
-def get_request(request_id: str, session: ReadSessionDep, key: ReadKey):
+def get_request(request_id: str, session: ReadSessionDep, key: ReadKey) -> Response:
     """One statement (the request, its base model, adapter and queue position), plus the latest steps' times
     while it runs; the key comes from the cache (tests/test_api_speed.py counts them)."""
     request, position = requests.get_request_view(session, tenant_id=key.tenant_id, request_id=request_id)
@@ -149,7 +149,7 @@ def list_request_events(
     after_step: int | None = Query(None, description="only steps after this one (what `cursor` carries)"),
     limit: int | None = Query(None, ge=1, le=100_000, description="default: every step so far"),
     cursor: Cursor = None,
-):
+) -> Page[dict[str, Any]]:
     """The `history.json` records so far in step order, as a cursor page (`after_step` works too)."""
     requests.get_request(session, tenant_id=key.tenant_id, request_id=request_id)
     after = decode_cursor(cursor, "int")
@@ -162,7 +162,7 @@ def list_request_events(
 
 
 @router.get("/{request_id}/metrics", response_model=MetricsOut)
-def get_request_metrics(request_id: str, session: SessionDep, key: ReadKey):
+def get_request_metrics(request_id: str, session: SessionDep, key: ReadKey) -> MetricsOut:
     request = requests.get_request(session, tenant_id=key.tenant_id, request_id=request_id)
     return MetricsOut(
         request_id=request.id,
@@ -173,7 +173,9 @@ def get_request_metrics(request_id: str, session: SessionDep, key: ReadKey):
 
 
 @router.post("/{request_id}/cancel", response_model=UnlearnRequestOut)
-def cancel_request(request_id: str, session: SessionDep, key: SubmitKey, body: CancelIn | None = None):
+def cancel_request(
+    request_id: str, session: SessionDep, key: SubmitKey, body: CancelIn | None = None
+) -> UnlearnRequestOut:
     """Queued: cancelled at once. Running: `cancelling` until the worker stops at its next step."""
     request = requests.cancel_request(
         session,
