@@ -31,6 +31,7 @@ from blade_service.api.routes import (
     adapters,
     audit,
     base_models,
+    certificates,
     datasets,
     health,
     keys,
@@ -239,10 +240,11 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
         retention.router,
         webhooks.router,
         audit.router,
+        certificates.router,
     ):
         app.include_router(router)
     install_observability(app, settings, app.state.session_factory)  # GET /metrics, HTTP metrics, trace ids
-    install_dashboard(app)  # GET /dashboard, certificates
+    install_dashboard(app)  # GET /dashboard and its JSON bridge; security headers on pages and certificates
     install_docs(app)  # GET /docs, /redoc (no CDN); bearer security scheme in /openapi.json
     install_error_responses(app)  # every error status each operation returns, declared with ErrorOut
     install_params_schemas(app)  # one `params` schema per method, from contracts.methods

@@ -1,7 +1,7 @@
 """The ops dashboard (`GET /dashboard`): server-rendered pages, vendored assets, no external requests.
 
-install_dashboard(app)   # in create_app: the pages, their JSON bridge, /dashboard/static, the certificate
-                         # route, and the security headers (a strict Content-Security-Policy) on every page
+install_dashboard(app)   # in create_app: the pages, their JSON bridge, /dashboard/static, and the security
+                         # headers (a strict Content-Security-Policy) on every page and printable certificate
 """
 
 from __future__ import annotations
@@ -54,11 +54,9 @@ class SecurityHeaders:
 def install_dashboard(app: FastAPI) -> None:
     from blade_service.api.dashboard import bridge
     from blade_service.api.dashboard.views import SignInRequired, router, sign_in_redirect
-    from blade_service.api.routes import certificates
 
     app.include_router(bridge.router)
     app.include_router(router)
-    app.include_router(certificates.router)
     app.mount("/dashboard/static", StaticFiles(directory=STATIC_DIR), name="dashboard-static")
     app.exception_handler(SignInRequired)(sign_in_redirect)  # the decorator form: typed for a narrow exc
     app.add_middleware(SecurityHeaders)
