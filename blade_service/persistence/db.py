@@ -124,7 +124,7 @@ def read_session_factory(settings: Settings | None = None) -> sessionmaker[Sessi
 
 def execute_read(
     session: Session, statement: Executable, params: dict[str, Any] | None = None
-) -> Result[Any]:
+) -> Result[*tuple[Any, ...]]:
     """`session.execute(statement)`, run once more when the first try found the connection dead (the pool
     then connects afresh), if it opened the session's transaction: nothing done before it is lost."""
     fresh = not session.in_transaction()

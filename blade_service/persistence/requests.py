@@ -20,11 +20,23 @@ import dataclasses
 import functools
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Integer, Select, bindparam, case, func, literal_column, select, update
+from sqlalchemy import (
+    BindParameter,
+    Integer,
+    Select,
+    Table,
+    bindparam,
+    case,
+    func,
+    literal_column,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, aliased, joinedload, lazyload
 from sqlalchemy.orm.attributes import set_committed_value
@@ -53,7 +65,7 @@ MAX_METADATA_BYTES = 16 * 1024
 # BLADE's outer-step cap when a request sets no `max_steps`: MethodConfig's default (250, BLADE paper, TOFU
 # preset; the worker runs without a preset; tests/test_api_requests.py checks it against the engine's config).
 # A baseline's step count follows from its schedule and the forget set, so the worker reports it once it runs.
-DEFAULT_MAX_STEPS: int = next(f.default for f in fields(MethodConfig) if f.name == "max_steps")
+DEFAULT_MAX_STEPS: int = cast(int, next(f.default for f in fields(MethodConfig) if f.name == "max_steps"))
 RATE_WINDOW = 20  # the latest steps the ETA's step rate is measured over
 # The presets a request may name (`preset`): the methods' own (contracts/methods: BLADE's from the paper's
 # table, the baselines' 'lora'). Step caps that differ from the default:
@@ -148,7 +160,7 @@ class _Claim:
 def _claim_query() -> Select[Any]:
     """Built once (see `_claim`): composing it costs more CPU than running it."""
     forget, retain = aliased(Dataset, name="forget"), aliased(Dataset, name="retain")
-    tenant_id = bindparam("tenant_id")
+    tenant_id: BindParameter[str] = bindparam("tenant_id")
     existing = (
         select(UnlearnRequest.id)
         .where(UnlearnRequest.tenant_id == tenant_id, UnlearnRequest.idempotency_key == bindparam("key"))
@@ -213,8 +225,8 @@ def _locked_base_model(session: Session, tenant_id: str, base_model: str) -> Bas
 def _insert_statement(dialect: str) -> Any:
     """Built once per dialect (see `_insert_queued`). A Core INSERT read back as the entity
     (`from_statement`): half the CPU of an ORM-enabled INSERT."""
-    table = UnlearnRequest.__table__
-    model_id = bindparam("seq_base_model_id")
+    table = cast(Table, UnlearnRequest.__table__)  # a mapped class's table (typed as any FromClause)
+    model_id: BindParameter[str] = bindparam("seq_base_model_id")
     next_seq = (
         select(func.coalesce(func.max(table.c.queue_seq), 0) + 1)
         .where(table.c.base_model_id == model_id)
@@ -233,7 +245,11 @@ def _insert_statement(dialect: str) -> Any:
     returned: list[Any] = [*table.c, ahead]
     if dialect == "postgresql":
         returned.append(audit.CHAIN_LOCK)
-    insert = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}[dialect]
+    inserts: dict[str, Callable[[Table], postgresql.Insert | sqlite.Insert]] = {
+        "postgresql": postgresql.insert,
+        "sqlite": sqlite.insert,
+    }
+    insert = inserts[dialect]
     statement = (
         insert(table)
         .values(queue_seq=next_seq)
