@@ -1,8 +1,9 @@
 """The compose deployment as an operator runs it: one GPU per training worker, pinned images, /metrics off
-the public port, one scheduler, alert rules over metrics the code really exports."""
+the public port, one scheduler, alert rules and dashboard panels over metrics the code really exports."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -63,15 +64,31 @@ def test_hub_models_get_a_token_and_a_cache_volume():
             assert "hfcache:/models" in service["volumes"], name
 
 
-def test_alert_rules_use_metrics_the_code_exports():
-    rules = yaml.safe_load((ROOT / "deploy" / "alerts.yml").read_text())["groups"][0]["rules"]
+def exported_metrics() -> set[str]:
+    """Every `"blade_..."` string in the API's and the workers' code (metric names among them)."""
     exported = set()
     for package in ("api", "worker"):
         for path in (ROOT / "blade_service" / package).rglob("*.py"):
             exported |= set(re.findall(r'"(blade_[a-z_]+)"', path.read_text()))
+    return exported
+
+
+def test_alert_rules_use_metrics_the_code_exports():
+    rules = yaml.safe_load((ROOT / "deploy" / "alerts.yml").read_text())["groups"][0]["rules"]
+    exported = exported_metrics()
     names = {r["alert"] for r in rules}
     assert {"BladeWorkerDown", "BladeWorkerHeartbeatStale", "BladeOldestQueuedRequestTooOld"} <= names
     assert {"BladeRequestFailureRate", "BladeAuditChainBroken"} <= names
     for rule in rules:
         for metric in re.findall(r"\b(blade_[a-z_]+)", rule["expr"]):
             assert metric in exported, (rule["alert"], metric)
+
+
+def test_dashboard_panels_use_metrics_the_code_exports():
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "blade.json").read_text())
+    exported = exported_metrics()
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            for metric in re.findall(r"\b(blade_[a-z_]+)", target["expr"]):
+                name = re.sub(r"_(bucket|count|sum|total)$", "", metric)
+                assert name in exported, (panel["title"], metric)

@@ -8,9 +8,13 @@ are "live": they vanish when the child that set them exits.
 
 Metrics (all `blade_worker_*` or `blade_training_*` / `blade_gpu_*`):
 - tasks by name and outcome, task duration, time in queue (publish -> start, from a header set at publish);
-- per running unlearn request: outer step, L_fgt, L_ret, lambda, epsilon, outer-step rate;
-- training runs: duration and steps per run, steps counter; GPU memory peak per task and device;
-- the worker's heartbeat (a unix timestamp renewed every few seconds by the main process).
+- per running unlearn request: outer step, progress (step / step cap), L_fgt, L_ret, lambda, epsilon,
+  outer-step rate;
+- training runs: duration and steps per run by method and the request's outcome, steps counter; GPU memory
+  peak per task and device.
+These are the service's only histograms and per-run gauges: the API's `/metrics` exports the aggregates it
+reads from the database (requests by state, the oldest queued request, workers alive and their heartbeat
+rows), none of these under another name.
 
 Wiring: `connect_signals()` (called by `worker/celery_app.py`) connects the Celery signals; the unlearn task's
 step hook calls `observe_step(...)` (also reached through the training-event writer, see `_watch_events`).
@@ -34,7 +38,6 @@ from blade_service.broker.app import HEADER_PUBLISHED_AT
 
 log = logging.getLogger("blade.worker.metrics")
 
-HEARTBEAT_EVERY_S = 5.0
 RUNNING_LABELS = ("request_id", "base_model", "method")
 
 _TIME_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600)
@@ -64,15 +67,15 @@ class WorkerMetrics:
         self.busy = Gauge(
             "blade_worker_busy", "1 while a pool process runs a task", ["task"], multiprocess_mode="livesum"
         )
-        self.heartbeat = Gauge(
-            "blade_worker_heartbeat_timestamp_seconds",
-            "Unix time of the worker's last heartbeat",
-            ["worker"],
-            multiprocess_mode="max",
-        )
         self.step = Gauge(
             "blade_training_step",
             "Outer step of a running unlearn request",
+            RUNNING_LABELS,
+            multiprocess_mode="livemostrecent",
+        )
+        self.progress = Gauge(
+            "blade_training_progress_ratio",
+            "Outer step / step cap of a running unlearn request",
             RUNNING_LABELS,
             multiprocess_mode="livemostrecent",
         )
@@ -196,8 +199,15 @@ def start_metrics_server(port: int, *, host: str = "0.0.0.0", tries: int = 10) -
 # --- what the task code calls --------------------------------------------------------------------------
 
 
-def observe_step(*, request_id: str, base_model: str = "", method: str = "", record: dict[str, Any]) -> None:
-    """One outer step of a running unlearn request (a `history.json` record)."""
+def observe_step(
+    *,
+    request_id: str,
+    base_model: str = "",
+    method: str = "",
+    record: dict[str, Any],
+    total_steps: int | None = None,
+) -> None:
+    """One outer step of a running unlearn request (a `history.json` record; `total_steps`: its step cap)."""
     m = metrics()
     labels = (str(request_id), base_model or "", method or "")
     step = int(record.get("step", 0))
@@ -209,6 +219,8 @@ def observe_step(*, request_id: str, base_model: str = "", method: str = "", rec
     run["steps"] = run.get("steps", 0) + 1
     run["last_step"] = step
     m.step.labels(*labels).set(step)
+    if total_steps:
+        m.progress.labels(*labels).set(min(1.0, step / total_steps))
     for gauge, key in ((m.lam, "lambda"), (m.l_ret, "L_ret"), (m.l_fgt, "L_fgt"), (m.epsilon, "epsilon")):
         value = record.get(key)
         if isinstance(value, int | float):
@@ -220,7 +232,8 @@ def observe_step(*, request_id: str, base_model: str = "", method: str = "", rec
 
 
 def observe_run_finished(*, request_id: str, outcome: str, duration_s: float | None = None) -> None:
-    """A run ended (succeeded, failed, cancelled): record its duration and steps, drop its live gauges."""
+    """A run ended (`outcome`: the request's, e.g. succeeded, failed or cancelled; else the task's state):
+    record its duration and steps, drop its live gauges."""
     m = metrics()
     run = _runs.pop(str(request_id), None)
     if run is None:
@@ -232,7 +245,7 @@ def observe_run_finished(*, request_id: str, outcome: str, duration_s: float | N
     m.run_steps.labels(method, outcome).observe(run.get("last_step", 0))
     labels = (str(request_id), run.get("base_model") or "", method)
     multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
-    for gauge in (m.step, m.lam, m.l_ret, m.l_fgt, m.epsilon, m.step_rate):
+    for gauge in (m.step, m.progress, m.lam, m.l_ret, m.l_fgt, m.epsilon, m.step_rate):
         if multiprocess:  # its files cannot drop a series: NaN marks it ended until the process exits
             gauge.labels(*labels).set(float("nan"))
         else:
@@ -262,9 +275,8 @@ def _on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
     _task_started[task_id or ""] = time.monotonic()
     request = getattr(task, "request", None)
     published = getattr(request, HEADER_PUBLISHED_AT, None)
-    headers = getattr(request, "headers", None)
-    if published is None and isinstance(headers, dict):
-        published = headers.get(HEADER_PUBLISHED_AT)
+    if published is None and isinstance(getattr(request, "headers", None), dict):
+        published = request.headers.get(HEADER_PUBLISHED_AT)
     queue = ((getattr(request, "delivery_info", None) or {}).get("routing_key")) or "unknown"
     if isinstance(published, int | float | str):
         with contextlib.suppress(ValueError):
@@ -301,21 +313,12 @@ def _on_process_shutdown(**_: Any) -> None:
         multiprocess.mark_process_dead(os.getpid(), path=str(_multiproc_dir))
 
 
-def _heartbeat_loop(worker: str, stop: threading.Event) -> None:
-    while not stop.is_set():
-        metrics().heartbeat.labels(worker).set(time.time())
-        stop.wait(HEARTBEAT_EVERY_S)
-
-
-_stop_heartbeat = threading.Event()
-
-
-def _on_worker_init(sender: Any = None, **_: Any) -> None:
-    """Main worker process, before the pool starts: multiprocess dir, HTTP server, heartbeat thread."""
+def _on_worker_init(**_: Any) -> None:
+    """Main worker process, before the pool starts: multiprocess dir, HTTP server. (Its heartbeat is the
+    database row that `worker/heartbeat.py` renews; the API exports its age.)"""
     from blade_service.persistence.settings import get_settings
 
     settings = get_settings()
-    hostname = getattr(sender, "hostname", None) or socket.gethostname()
     directory = Path(settings.data_dir) / "worker-metrics" / f"{socket.gethostname()}-{os.getpid()}"
     try:
         enable_multiprocess(directory)
@@ -324,16 +327,9 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     port = settings.worker_metrics_port
     if port:
         start_metrics_server(port)
-    threading.Thread(
-        target=_heartbeat_loop,
-        args=(str(hostname), _stop_heartbeat),
-        daemon=True,
-        name="blade-metrics-heartbeat",
-    ).start()
 
 
 def _on_worker_shutdown(**_: Any) -> None:
-    _stop_heartbeat.set()
     if _multiproc_dir is not None:
         shutil.rmtree(_multiproc_dir, ignore_errors=True)
 

@@ -107,7 +107,7 @@ def train(
         if first_record.pop("pending", False) and resumed_from:
             record["resumed_from"] = resumed_from
         ctx.write(jobs.record_step, record=record, total_steps=total)
-        _observe(ctx, record)
+        _observe(ctx, record, total)
         sync_checkpoint(int(record.get("step", 0)))
         if lease.lost.is_set():
             raise jobs.LeaseLost(f"request {ctx.request_id}: lease lost at step {record.get('step')}")
@@ -163,9 +163,13 @@ def service_config_preset(method: str, overrides: dict[str, Any], requested: str
     return preset
 
 
-def _observe(ctx: RunContext, record: dict[str, Any]) -> None:
+def _observe(ctx: RunContext, record: dict[str, Any], total_steps: int | None) -> None:
     """Export a step to the worker's Prometheus metrics; a metrics failure never stops training."""
     with contextlib.suppress(Exception):
         observability.observe_step(
-            request_id=ctx.request_id, base_model=ctx.base_model_name, method=ctx.method, record=record
+            request_id=ctx.request_id,
+            base_model=ctx.base_model_name,
+            method=ctx.method,
+            record=record,
+            total_steps=total_steps,
         )

@@ -40,6 +40,7 @@ from blade_service.persistence.db import session_scope
 from blade_service.persistence.models import AdapterState, AdapterVersion, RequestStatus, UnlearnRequest
 from blade_service.persistence.policy import failure_message
 from blade_service.persistence.settings import Settings, get_settings
+from blade_service.worker import observability
 from blade_service.worker.artifacts import (
     adapter_key,
     dataset_suffix,
@@ -125,6 +126,8 @@ def unlearn(self: Any, *, request_id: str) -> dict[str, Any]:
         "unlearn.done",
         extra={"request_id": request_id, "outcome": outcome, "seconds": round(time.monotonic() - started, 3)},
     )
+    with contextlib.suppress(Exception):  # the run's histograms, labelled with the request's outcome
+        observability.observe_run_finished(request_id=request_id, outcome=outcome)
     if outcome != "lease_lost":
         cleanup_terminal(settings, request_id=request_id)
         _kick_next(settings, request_id=request_id)
