@@ -275,8 +275,9 @@ def _on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
     _task_started[task_id or ""] = time.monotonic()
     request = getattr(task, "request", None)
     published = getattr(request, HEADER_PUBLISHED_AT, None)
-    if published is None and isinstance(getattr(request, "headers", None), dict):
-        published = request.headers.get(HEADER_PUBLISHED_AT)
+    headers = getattr(request, "headers", None)
+    if published is None and isinstance(headers, dict):
+        published = headers.get(HEADER_PUBLISHED_AT)
     queue = ((getattr(request, "delivery_info", None) or {}).get("routing_key")) or "unknown"
     if isinstance(published, int | float | str):
         with contextlib.suppress(ValueError):
