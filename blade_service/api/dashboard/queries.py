@@ -102,7 +102,7 @@ def overview(
             }
         )
     else:
-        finished, _ = totals.read(session, now)
+        finished = totals.read(session, now)
         counts = Counter()
         for (tenant, _method, status), values in finished.items():
             if tenant == tenant_id:

@@ -2,19 +2,19 @@
 
 Two kinds of metric live here:
 - process metrics kept in memory: HTTP requests and latency by method, route template and status;
-- the state of the service, read from the database at scrape time (cached for `SNAPSHOT_TTL_S`, so a busy
-  Prometheus or several of them cost one set of queries): requests by state and method, queue depth per
-  queue (the broker's count) and the oldest queued request, time in queue and training duration and steps of
-  finished requests (histograms aggregated in SQL and folded into per-process totals, `HistoryTotals`, so a
-  scrape's cost does not grow with history), step / lambda / L_fgt / L_ret / epsilon and step
-  rate of each running request (from its latest training events), workers alive and each one's heartbeat
-  age, adapters by state.
+- the state of the service as aggregate gauges read from the database at scrape time (cached for
+  `SNAPSHOT_TTL_S`, so a busy Prometheus or several of them cost one set of queries): requests by state and
+  method (GROUP BY; finished ones folded into per-process totals, `HistoryTotals`, so a scrape's cost does
+  not grow with history), queue depth per queue (the broker's count), the oldest queued request, workers
+  alive and each one's heartbeat age, adapters by state.
 
 Where things live: `middleware.py` (HTTP metrics, trace ids, access log), `state.py` (the database snapshot
 and the broker's queue depths), `history.py` (`HistoryTotals`), `collector.py` (the scrape-time metrics and
 their names); this module wires them into the app.
 
-Workers export their own process metrics on their own port (`worker/observability.py`).
+Workers export their own metrics on their own port (`worker/observability.py`), observed when things happen:
+time in queue, training durations and steps (the histograms), each running request's step, progress and
+dynamics. No metric is exported by both under two names.
 Every name starts with `blade_`. No torch here.
 
     install_observability(app, settings)   # in create_app: adds the middleware and GET /metrics

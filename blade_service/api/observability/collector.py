@@ -1,6 +1,6 @@
-"""The Prometheus collector of the service's state (`ServiceStateCollector`): the gauges and histograms built
-from a `snapshot` when Prometheus scrapes, cached for `SNAPSHOT_TTL_S` so several scrapers cost one set of
-queries; every metric's name and help text is defined here."""
+"""The Prometheus collector of the service's state (`ServiceStateCollector`): the gauges built from a
+`snapshot` of the database's aggregates when Prometheus scrapes, cached for `SNAPSHOT_TTL_S` so several
+scrapers cost one set of queries; every such metric's name and help text is defined here."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session
 
-from blade_service.api.observability.history import STEP_BUCKETS, TIME_BUCKETS, HistoryTotals
+from blade_service.api.observability.history import HistoryTotals
 from blade_service.api.observability.state import _queue_names, snapshot
 from blade_service.persistence.models import RequestStatus
 from blade_service.persistence.settings import Settings
@@ -25,24 +25,10 @@ log = logging.getLogger("blade.api.http")
 SNAPSHOT_TTL_S = 5.0
 
 
-def _histogram(
-    name: str,
-    doc: str,
-    buckets: tuple[float, ...],
-    labelnames: list[str],
-    series: dict[tuple[str, ...], list[float]],
-) -> HistogramMetricFamily:
-    """A histogram family from aggregates: labels -> [count, sum, *cumulative counts per bound]."""
-    family = HistogramMetricFamily(name, doc, labels=labelnames)
-    for labels, (count, total, *cumulative) in sorted(series.items()):
-        counts = [(str(float(b)), c) for b, c in zip(buckets, cumulative, strict=True)]
-        counts.append(("+Inf", count))
-        family.add_metric(list(labels), counts, sum_value=float(total))
-    return family
-
-
 class ServiceStateCollector(Collector):
-    """Gauges and histograms computed from the database when Prometheus scrapes."""
+    """Gauges computed from the database when Prometheus scrapes. Time in queue, training durations and
+    steps and a running request's dynamics are not among them: the workers export those as they happen
+    (`worker/observability.py`), and no value is exported here under a second name."""
 
     def __init__(self, settings: Settings, session_factory: Callable[[], Session]):
         self.settings = settings
@@ -108,71 +94,6 @@ class ServiceStateCollector(Collector):
         )
         oldest.add_metric([], snap["oldest_queued_age_s"] or 0.0)
         yield oldest
-
-        yield _histogram(
-            "blade_request_queue_wait_seconds",
-            "Time from submission to the start of training",
-            TIME_BUCKETS,
-            [],
-            {(): snap["queue_wait"]},
-        )
-        durations = {key: h["durations"] for key, h in snap["training"].items()}
-        steps = {key: h["steps"] for key, h in snap["training"].items()}
-        yield _histogram(
-            "blade_request_training_duration_seconds",
-            "Start to finish of finished requests, by method and outcome",
-            TIME_BUCKETS,
-            ["method", "outcome"],
-            durations,
-        )
-        yield _histogram(
-            "blade_request_training_steps",
-            "Outer steps of finished requests, by method and outcome",
-            STEP_BUCKETS,
-            ["method", "outcome"],
-            steps,
-        )
-
-        labels = ["request_id", "base_model", "method"]
-        fams = {
-            "step": GaugeMetricFamily(
-                "blade_running_request_step", "Outer step of each running request", labels=labels
-            ),
-            "progress": GaugeMetricFamily(
-                "blade_running_request_progress_ratio",
-                "step / step cap of each running request",
-                labels=labels,
-            ),
-            "lambda": GaugeMetricFamily(
-                "blade_running_request_lambda", "Dual variable lambda (latest step)", labels=labels
-            ),
-            "L_ret": GaugeMetricFamily(
-                "blade_running_request_l_ret", "Retain loss L_ret (latest step)", labels=labels
-            ),
-            "L_fgt": GaugeMetricFamily(
-                "blade_running_request_l_fgt", "Forget loss L_fgt (latest step)", labels=labels
-            ),
-            "epsilon": GaugeMetricFamily(
-                "blade_running_request_epsilon", "Retain-loss budget epsilon", labels=labels
-            ),
-            "rate": GaugeMetricFamily(
-                "blade_running_request_outer_step_rate",
-                "Outer steps per second over the latest events",
-                labels=labels,
-            ),
-        }
-        for r in snap["running"]:
-            lv = [r["id"], r["base_model"], r["method"]]
-            fams["step"].add_metric(lv, r.get("step") or 0)
-            if r.get("total_steps"):
-                fams["progress"].add_metric(lv, min(1.0, (r.get("step") or 0) / r["total_steps"]))
-            record = r.get("record") or {}
-            for key in ("lambda", "L_ret", "L_fgt", "epsilon"):
-                if isinstance(record.get(key), int | float):
-                    fams[key].add_metric(lv, float(record[key]))
-            if r.get("rate") is not None:
-                fams["rate"].add_metric(lv, r["rate"])
-        yield from fams.values()
 
         alive = GaugeMetricFamily(
             "blade_workers_alive", "Workers whose heartbeat is recent, by queue", labels=["queue"]

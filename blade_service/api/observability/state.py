@@ -1,6 +1,7 @@
 """The state of the service read from the database (and the broker) for one scrape: `snapshot` gathers
-requests by state and method, the oldest queued request, running requests and their latest training events,
-workers and their heartbeats, adapters by state, and the broker's queue depths, in a few queries."""
+aggregates — requests by state and method (GROUP BY), the oldest queued request, workers and their heartbeat
+rows, adapters by state — and the broker's queue depths, in a few queries. A running request's dynamics are
+not read here: its worker exports them as they happen (`worker/observability.py`)."""
 
 from __future__ import annotations
 
@@ -15,18 +16,11 @@ from typing import Any
 from sqlalchemy import func, literal_column, select
 from sqlalchemy.orm import Session
 
-from blade_service.api.observability.history import (
-    TIME_BUCKETS,
-    TIMED_OUTCOMES,
-    HistoryTotals,
-    Totals,
-    _add,
-)
+from blade_service.api.observability.history import HistoryTotals, Totals, _add
 from blade_service.persistence.models import (
     AdapterVersion,
     BaseModel,
     RequestStatus,
-    TrainingEvent,
     UnlearnRequest,
     WorkerHeartbeat,
 )
@@ -36,8 +30,6 @@ from blade_service.persistence.settings import Settings
 log = logging.getLogger("blade.api.http")
 
 BROKER_TIMEOUT_S = 2.0
-RATE_WINDOW = 20  # training events used for a running request's outer-step rate
-RUNNING = (RequestStatus.RUNNING, RequestStatus.EVALUATING, RequestStatus.CANCELLING)
 
 
 def worker_alive_after_s(settings: Settings) -> float:
@@ -97,35 +89,13 @@ def broker_queue_depths(
     return dict(depths)
 
 
-def running_dynamics(session: Session, request_ids: list[str]) -> dict[str, dict[str, Any]]:
-    """Latest record and outer-step rate (steps/s over the last RATE_WINDOW events) per running request."""
-    out: dict[str, dict[str, Any]] = {}
-    for rid in request_ids:
-        rows = session.execute(
-            select(TrainingEvent.step, TrainingEvent.record, TrainingEvent.created_at)
-            .where(TrainingEvent.request_id == rid)
-            .order_by(TrainingEvent.step.desc())
-            .limit(RATE_WINDOW)
-        ).all()
-        if not rows:
-            continue
-        latest = dict(rows[0].record or {})
-        rate = None
-        if len(rows) > 1:
-            dt = (rows[0].created_at - rows[-1].created_at).total_seconds()
-            if dt > 0:
-                rate = (rows[0].step - rows[-1].step) / dt
-        out[rid] = {"record": latest, "step": rows[0].step, "rate": rate}
-    return out
-
-
 def snapshot(
     session: Session, settings: Settings, *, broker: bool = True, totals: HistoryTotals | None = None
 ) -> dict[str, Any]:
     """Everything the gauges need, in a few queries, none of them over the whole history (`HistoryTotals`:
     pass the collector's own so its folds last; a fresh one reads everything once)."""
     now = datetime.now(UTC)
-    by_tenant, waits = (totals or HistoryTotals()).read(session, now)
+    by_tenant = (totals or HistoryTotals()).read(session, now)
     finished: Totals = {}
     for (_, method, status), values in by_tenant.items():
         _add(finished, {(method, status): values})
@@ -140,17 +110,6 @@ def snapshot(
     oldest_queued = session.execute(
         select(func.min(UnlearnRequest.created_at)).where(UnlearnRequest.status == literal_column("'queued'"))
     ).scalar()
-    running = session.execute(
-        select(
-            UnlearnRequest.id,
-            UnlearnRequest.method,
-            UnlearnRequest.step,
-            UnlearnRequest.total_steps,
-            BaseModel.name,
-        )
-        .join(BaseModel, BaseModel.id == UnlearnRequest.base_model_id)
-        .where(UnlearnRequest.status.in_(RUNNING))
-    ).all()
     workers = session.execute(select(WorkerHeartbeat)).scalars().all()
     adapters = session.execute(
         select(BaseModel.name, AdapterVersion.state, func.count())
@@ -158,7 +117,6 @@ def snapshot(
         .join(BaseModel, BaseModel.id == AdapterVersion.base_model_id)
         .group_by(BaseModel.name, AdapterVersion.state)
     ).all()
-    dynamics = running_dynamics(session, [r.id for r in running])
     alive_after = worker_alive_after_s(settings)
     worker_rows = []
     for w in workers:
@@ -181,27 +139,6 @@ def snapshot(
         "at": now,
         "by_state_method": by_state_method,
         "oldest_queued_age_s": _age_s(oldest_queued, now),
-        # Histograms as [count, sum, *cumulative bucket counts] (see _finished_rows / _wait_rows).
-        "queue_wait": waits.get((), [0.0, 0.0] + [0.0] * len(TIME_BUCKETS)),
-        "training": {
-            key: {
-                "durations": [v[1], v[2], *v[4 : 4 + len(TIME_BUCKETS)]],
-                "steps": [v[1], v[3], *v[4 + len(TIME_BUCKETS) :]],
-            }
-            for key, v in finished.items()
-            if key[1] in {s.value for s in TIMED_OUTCOMES} and v[1]
-        },
-        "running": [
-            {
-                "id": r.id,
-                "method": r.method,
-                "base_model": r.name,
-                "step": r.step,
-                "total_steps": r.total_steps,
-                **dynamics.get(r.id, {}),
-            }
-            for r in running
-        ],
         "workers": worker_rows,
         "adapters": [
             (name, str(state.value if hasattr(state, "value") else state), n) for name, state, n in adapters
