@@ -51,7 +51,10 @@ async def get_read_session(request: Request) -> AsyncIterator[Session]:
     try:
         yield session
     finally:
-        await _closing(session)
+        if session.get_bind().dialect.name == "postgresql":
+            session.close()  # autocommit: nothing to roll back, so returning the connection sends nothing
+        else:
+            await _closing(session)
 
 
 def get_storage_dep(request: Request) -> Storage:

@@ -206,7 +206,7 @@ class UnlearnRequestOut(Schema):
     @classmethod
     def of(
         cls,
-        r: models.UnlearnRequest,
+        r: requests.RequestLike,
         *,
         queue_position: int | None = None,
         progress: requests.Progress | None = None,
@@ -217,7 +217,7 @@ class UnlearnRequestOut(Schema):
         return cls(
             id=r.id,
             status=r.status,
-            base_model=r.base_model.name,
+            base_model=r.base_model_name,
             forget_dataset=r.forget_dataset_id,
             retain_dataset=r.retain_dataset_id,
             method=r.method,

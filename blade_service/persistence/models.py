@@ -306,6 +306,10 @@ class UnlearnRequest(Base):
     def adapter_id(self) -> str | None:
         return self.adapter.id if self.adapter is not None else None
 
+    @property
+    def base_model_name(self) -> str:
+        return self.base_model.name
+
 
 class TrainingEvent(Base):
     __tablename__ = "training_events"
