@@ -29,6 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
+
+from blade_core import lora
+from blade_core.evaluation.generation import generate, prompt_ids
+from blade_core.evaluation.scoring import model_device
+from blade_core.modeling import load_model, load_tokenizer, pick_device
 
 # Largest |logit difference| a compacted adapter may show against its stack (fp32). Concatenation only
 # reorders a float sum (observed ~1e-6 on the tiny models); 1e-3 leaves room for bigger models and stays far
@@ -84,8 +90,6 @@ def lora_scale(config: dict[str, Any], layer: str) -> float:
 
 def read_factors(adapter_dir: str | Path) -> LoraFactors:
     """The LoRA factors of a PEFT adapter dir (adapter_config.json + adapter_model.safetensors), in fp32."""
-    from safetensors.torch import load_file
-
     adapter_dir = Path(adapter_dir)
     config = json.loads((adapter_dir / "adapter_config.json").read_text())
     if config.get("peft_type", "LORA") != "LORA":
@@ -187,8 +191,6 @@ def compact_adapters(
     `rank` None (or ≥ Σ r_i): the exact concatenation; smaller: SVD-truncated per layer, error reported.
     `base_model` goes to adapter_config.json's base_model_name_or_path.
     """
-    from safetensors.torch import save_file
-
     if not adapter_dirs:
         raise ValueError("compaction needs at least one adapter")
     if rank is not None and rank < 1:
@@ -254,9 +256,6 @@ def _outputs(
     model: torch.nn.Module, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int
 ) -> tuple[list[str], list[torch.Tensor]]:
     """Greedy continuations and the logits over each prompt (one prompt per forward, no padding)."""
-    from blade_core.evaluation.generation import generate, prompt_ids
-    from blade_core.evaluation.scoring import model_device
-
     texts = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=1)
     device, logits = model_device(model), []
     with torch.no_grad():
@@ -279,9 +278,6 @@ def verify_equivalent(
 ) -> Equivalence:
     """Base + `stack_dirs` against base + `candidate_dirs` on `prompts`: identical greedy generations and
     max |Δlogit| ≤ `tolerance`. Compared in fp32 by default (bf16 rounding would only add noise)."""
-    from blade_core import lora
-    from blade_core.modeling import load_model, load_tokenizer, pick_device
-
     if not prompts:
         raise ValueError("verification needs at least one canary prompt")
     dev = pick_device(device)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from blade_core.synth import SYNTH_VERSION, write_world
+
 DEMO_MODEL_NAME = "demo-tiny"
 DEMO_AUTHORS = 20  # forget01 = forget05 = 1 author, forget10 = 2 authors (20 QA rows each)
 DEMO_SEED = 0
@@ -31,8 +33,6 @@ def demo_model_dir(cache_dir: str | Path) -> Path:
 
 def ensure_demo_world(cache_dir: str | Path) -> Path:
     """The demo world's data dir, synthesised on first call (deterministic: same files every time)."""
-    from blade_core.synth import SYNTH_VERSION, write_world
-
     data_dir = demo_data_dir(cache_dir)
     try:  # world.json is written last, so a matching one means a complete, current world
         meta = json.loads((data_dir / "world.json").read_text())
@@ -46,7 +46,7 @@ def ensure_demo_world(cache_dir: str | Path) -> Path:
 
 def ensure_demo_model(cache_dir: str | Path, progress: bool = True) -> Path:
     """The `demo-tiny` model dir (a Hugging Face dir), built on first call and reused after."""
-    from blade_core.build import build_model
+    from blade_core.build import build_model  # lazy: `blade up` reads the demo paths without loading torch
 
     data_dir = ensure_demo_world(cache_dir)
     log = (lambda message: print(f"[demo-tiny] {message}", flush=True)) if progress else None

@@ -17,6 +17,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from blade_core import lora
+from blade_core.compaction import compact_adapters
+from blade_core.modeling import load_model, load_tokenizer, pick_device
+
 FORMATS = ("adapter", "merged")
 
 
@@ -56,8 +62,6 @@ def export_adapter(
     adapter_dirs: Sequence[str | Path], out_dir: str | Path, *, base_model: str, revision: str | None = None
 ) -> dict[str, Any]:
     """The stack as one exact PEFT adapter in `out_dir`; returns the compaction report."""
-    from blade_core.compaction import compact_adapters
-
     report = compact_adapters(adapter_dirs, out_dir, base_model=base_model)
     describe_adapter_dir(out_dir, base_model=base_model, revision=revision)
     return report.as_dict()
@@ -72,11 +76,6 @@ def export_merged(
 ) -> dict[str, Any]:
     """Base + stack merged into full weights (fp32 merge, saved in the base model's dtype), safetensors +
     tokenizer + config, loadable with `AutoModelForCausalLM.from_pretrained(out_dir)`."""
-    import torch
-
-    from blade_core import lora
-    from blade_core.modeling import load_model, load_tokenizer, pick_device
-
     dev = pick_device(device)
     model = load_model(base_ref, dev, torch.float32)
     target_dtype = getattr(model.config, "torch_dtype", None) or getattr(model.config, "dtype", None)

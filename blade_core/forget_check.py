@@ -12,6 +12,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from blade_core.evaluation import metrics as M
+from blade_core.evaluation.request import _score, row_kind
+from blade_core.evaluation.scoring import mean_nlls
+from blade_core.evaluation.tofu import sample_rows
+from blade_service.contracts.records import load_dataset_rows
+
 # |Prob after - Prob before| below this is "essentially unchanged": the demo request moves it by ~0.99, a run
 # at learning rates far too low for its model (the reason this check exists) by less than 0.005.
 UNCHANGED_PROB_DELTA = 0.02
@@ -43,16 +49,9 @@ def unchanged_warning(
 
 def probe_rows(path: str | Path, max_rows: int = PROBE_ROWS, seed: int = 0) -> list[dict[str, Any]]:
     """A seeded sample of the forget file's rows (every format `load_dataset_rows` reads)."""
-    from blade_core.evaluation.tofu import sample_rows
-    from blade_service.contracts.records import load_dataset_rows
-
     return list(sample_rows(load_dataset_rows(Path(path))[0], max_rows, seed))
 
 
 def forget_prob(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], batch_size: int = 16) -> float:
     """Mean over rows of exp(-mean NLL) of each row's answer given its question (text rows: every token)."""
-    from blade_core.evaluation import metrics as M
-    from blade_core.evaluation.request import _score, row_kind
-    from blade_core.evaluation.scoring import mean_nlls
-
     return float(M.mean_prob(mean_nlls(_score(model, tokenizer, rows, row_kind(rows), batch_size))))

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from blade_core.methods.base import MethodConfig
+from blade_core.modeling import load_model_and_tokenizer, pick_device
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -186,8 +187,6 @@ def load_with_stack(
     model_ref: str | Path, adapter_dirs: Sequence[str | Path] = (), device: str | torch.device | None = None
 ) -> tuple[nn.Module, Any]:
     """(model in eval mode, tokenizer): base model plus the given adapters, all active, frozen."""
-    from blade_core.modeling import load_model_and_tokenizer, pick_device
-
     model, tokenizer = load_model_and_tokenizer(model_ref, pick_device(device))
     model = load_stack(model, adapter_dirs)
     model.eval()

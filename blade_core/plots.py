@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from blade_core.dynamics import violated
+
 History = Sequence[Mapping[str, Any]]
 
 
@@ -29,7 +31,6 @@ def transition_step(history: History, run: int = 3) -> int | None:
         for key in ("T_trans", "t_trans"):
             if isinstance(record.get(key), (int, float)) and not isinstance(record.get(key), bool):
                 return int(record[key])
-    from blade_core.dynamics import violated
 
     streak = 0
     for record in history:

@@ -5,7 +5,7 @@ Real unlearning targets are pretrained models later fine-tuned on the data that 
     other authors (whose names and titles are never a benchmark world's, see `synth.name_side`) and the shared
     universe's general facts, each relation in several phrasings, as QA pairs and as short biographies. It
     is built once per recipe and cached by a content hash (`ensure_base`).
-(b) `finetune` trains that base on a TOFU-format dir's training rows (`build.training_rows`: every QA row but
+(b) `finetune` trains that base on a TOFU-format dir's training rows (`training_rows`: every QA row but
     the holdout splits; with `exclude_split`, the gold model) for a fixed 5 epochs at a fine-tuning LR,
     loss on answer tokens only, AdamW with weight decay 0.01, one warm-up epoch then linear decay, as TOFU
     fine-tunes Llama-2-7B (Maini et al. 2024, their `config/finetune.yaml`: 5 epochs, lr 1e-5, effective batch
@@ -30,6 +30,31 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import torch
+from tqdm import tqdm
+
+from blade_core.build_common import (
+    BuildResult,
+    _cosine,
+    _encode_for_training,
+    _Eos,
+    _info_key,
+    _monitor_sample,
+    _qa_key,
+    _read_info,
+    _read_qa,
+    _save,
+    _weighted_step,
+    data_hash,
+    file_lock,
+    memorisation,
+    split_file,
+    training_rows,
+)
+from blade_core.data import format_qa
+from blade_core.modeling import SIZES, load_model, load_tokenizer, lora_fraction, new_llama, train_tokenizer
+from blade_core.synth import CORPUS_VERSION, SYNTH_VERSION, pretrain_corpus
 
 if TYPE_CHECKING:
     from blade_core.text_build import TextFinetune
@@ -124,13 +149,8 @@ def fit(
     """AdamW on the weighted next-token loss of `examples` ((ids, prompt length) rows) for `epochs` epochs.
 
     loss = sum_t w_t * NLL_t / sum_t w_t, w_t = 1 on answer targets and `prompt_weight` on prompt targets
-    (`build._weighted_step`); gradients clipped to norm 1. Returns {'steps', 'epoch_loss': [...]}.
+    (`build_common._weighted_step`); gradients clipped to norm 1. Returns {'steps', 'epoch_loss': [...]}.
     """
-    import torch
-    from tqdm import tqdm
-
-    from blade_core.build import _weighted_step
-
     torch.set_flush_denormal(True)
     rng = random.Random(f"blade-fit:{seed}")
     lengths = [len(ids) for ids, _ in examples]
@@ -204,11 +224,6 @@ def fit_finetune(
 
 def base_key(recipe: BaseRecipe, seed: int = 0) -> str:
     """Content hash of what changes a base: the corpus texts, recipe, model shape, prompt format, seed."""
-    from blade_core.build import _Eos
-    from blade_core.data import format_qa
-    from blade_core.modeling import SIZES
-    from blade_core.synth import CORPUS_VERSION, SYNTH_VERSION
-
     texts = hashlib.sha256("\0".join(corpus_texts(recipe, "</s>")).encode()).hexdigest()
     spec = {
         "version": PRETRAIN_VERSION,
@@ -223,10 +238,6 @@ def base_key(recipe: BaseRecipe, seed: int = 0) -> str:
 
 def corpus_texts(recipe: BaseRecipe, eos: str) -> list[str]:
     """The corpus as training texts: QA pairs in `format_qa`'s layout, biographies and facts as plain text."""
-    from blade_core.build import _Eos
-    from blade_core.data import format_qa
-    from blade_core.synth import pretrain_corpus
-
     corpus = pretrain_corpus(recipe.people, recipe.corpus_seed)
 
     def qa(rows: list[dict[str, str]]) -> list[str]:
@@ -244,12 +255,7 @@ def pretrain_base(
     progress: bool = True,
     log: Callable[[str], None] | None = None,
 ):
-    """Build (or reuse, by `base_key`) the base of `recipe` in `out_dir`; returns a `build.BuildResult`."""
-    import torch
-
-    from blade_core.build import BuildResult, _cosine, _info_key, _read_info, _save, file_lock
-    from blade_core.modeling import lora_fraction, new_llama, train_tokenizer
-
+    """Build (or reuse, by `base_key`) the base of `recipe` in `out_dir`; returns a `BuildResult`."""
     out_dir = Path(out_dir)
     key = base_key(recipe, seed)
     say = log or (lambda _m: None)
@@ -342,8 +348,6 @@ def model_digest(model_dir: Path) -> str:
 def finetune_key(
     data_dir: Path, base_dir: Path, recipe: FinetuneRecipe, seed: int, exclude: str | None
 ) -> str:
-    from blade_core.build import data_hash
-
     spec = {
         "version": PRETRAIN_VERSION,
         "stage": "finetune",
@@ -369,21 +373,6 @@ def finetune(
     log: Callable[[str], None] | None,
 ) -> dict[str, Any]:
     """Fine-tune the base in `base_dir` on the dir's training rows; saves to `out_dir`, returns build_info."""
-    import torch
-
-    from blade_core.build import (
-        _encode_for_training,
-        _monitor_sample,
-        _qa_key,
-        _read_qa,
-        _save,
-        data_hash,
-        memorisation,
-        split_file,
-        training_rows,
-    )
-    from blade_core.modeling import load_model, load_tokenizer, lora_fraction
-
     started = time.time()
     say = log or (lambda _m: None)
     rows, everything, excluded = training_rows(data_dir, exclude_split)

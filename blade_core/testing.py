@@ -17,6 +17,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from blade_core import lora
+from blade_core.data import BatchStream, tokenize_rows
+from blade_core.losses import token_cross_entropy
+from blade_core.methods.base import Hooks, UnlearnTask
 from blade_core.modeling import new_llama, train_tokenizer
 
 if TYPE_CHECKING:
@@ -182,9 +186,6 @@ def fit_tiny_model(
     seed: int = 0,
 ) -> torch.nn.Module:
     """Fine-tune all of `model` on QA/text rows with AdamW (answer tokens only for QA) to memorise them."""
-    from blade_core.data import BatchStream, tokenize_rows
-    from blade_core.losses import token_cross_entropy
-
     data = tokenize_rows(list(rows), tokenizer, max_length=128)
     stream = BatchStream(data, min(batch_size, len(data)), seed=seed)
     optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -240,10 +241,6 @@ def tiny_task(
 ) -> Any:
     """An `UnlearnTask` on CPU: the given (or a random tiny) model with a LoRA adapter when `config.use_lora`,
     forget/retain rows tokenised with `config.max_length` (defaults: 6 and 24 tiny QA rows)."""
-    from blade_core import lora
-    from blade_core.data import tokenize_rows
-    from blade_core.methods.base import Hooks, UnlearnTask
-
     tokenizer = tokenizer or tiny_tokenizer()
     model = model if model is not None else tiny_model(tokenizer, seed=config.seed)
     torch.manual_seed(config.seed)

@@ -5,7 +5,7 @@ corpus only). Ours: (a) the cached base of `blade_core.pretrain` (the same two-s
 pretrained on the shared universe), (b) fine-tuned with a plain next-token loss on every token of the forget
 and retain texts (`retrained=True`: retain only), AdamW with a linear warm-up/decay, long enough that the
 forget texts are reproduced verbatim (MUSE's targets are tuned to memorise their corpora too). `fit` and the
-model-dir layout are `blade_core.pretrain` / `blade_core.build`'s. Departure: `replay` rows of the base's
+model-dir layout are `blade_core.pretrain` / `build_common`'s. Departure: `replay` rows of the base's
 general-knowledge QA (`synth.pretrain_corpus`'s `general_qa`) are mixed into the fine-tuning set, because a
 model of a few M parameters fine-tuned for many epochs on a small corpus forgets what it knew (general-utility
 KnowMem fell from 0.31 to 0.004 without it on the quick size; 0.45 with 64 rows), which a 7B model
@@ -19,11 +19,28 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from blade_core.build_common import (
+    BuildError,
+    BuildResult,
+    _check_replaceable,
+    _info_key,
+    _read_info,
+    _save,
+    file_lock,
+)
+from blade_core.pretrain import TWO_STAGE, ensure_base, fit_finetune, model_digest
+from blade_core.synth import pretrain_corpus
+from blade_core.text_world import is_text_world, read_world
 
 TEXT_BUILD_VERSION = 1
 
@@ -51,18 +68,12 @@ TEXT_FINETUNE: dict[str, TextFinetune] = {
 
 def _replay(rows: int, seed: int) -> list[str]:
     """`rows` of the base corpus's general-knowledge QA in `format_qa`'s text layout (no eos: added later)."""
-    import random
-
-    from blade_core.synth import pretrain_corpus
-
     general = pretrain_corpus(0, 0)["general_qa"]
     picked = random.Random(f"blade-text-replay:{seed}").sample(general, min(rows, len(general)))
     return [f"Question: {r['question']}\nAnswer: {r['answer']}" for r in picked]
 
 
 def text_key(data_dir: Path, base_dir: Path, recipe: TextFinetune, seed: int, retrained: bool) -> str:
-    from blade_core.pretrain import model_digest
-
     h = hashlib.sha256()
     for name in ("forget.jsonl", "retain.jsonl"):
         h.update((data_dir / name).read_bytes())
@@ -90,21 +101,6 @@ def build_text_model(
     log: Callable[[str], None] | None = None,
 ):
     """Build (or reuse) the target (or, with `retrained`, the retain-only model) of a text world."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from blade_core.build import (
-        BuildError,
-        BuildResult,
-        _check_replaceable,
-        _info_key,
-        _read_info,
-        _save,
-        file_lock,
-    )
-    from blade_core.pretrain import TWO_STAGE, ensure_base, fit_finetune
-    from blade_core.text_world import is_text_world, read_world
-
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     if not is_text_world(data_dir):
         raise BuildError(f"{data_dir}: not a text world (run `blade data synth --kind books|news`)")

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from blade_core.synth import _Namer, _title, pretrain_corpus, universe
+
 TEXT_WORLD_VERSION = 2  # bump when the generator's output changes
 KINDS = ("books", "news")
 DEFAULT_DOCS = {"books": 4, "news": 60}
@@ -72,8 +74,6 @@ class Doc:
 
 def _places() -> tuple[list[str], dict[str, str], dict[str, str]]:
     """(cities, city -> country, country -> currency) of the shared universe."""
-    from blade_core.synth import universe
-
     cities, country_of, currency = [], {}, {}
     for c in universe().countries:
         currency[c.name] = c.currency
@@ -84,8 +84,6 @@ def _places() -> tuple[list[str], dict[str, str], dict[str, str]]:
 
 
 def _namer(rng: random.Random):
-    from blade_core.synth import _Namer, universe
-
     return _Namer(rng, side="world", used=set(universe().names))
 
 
@@ -117,8 +115,6 @@ def _article(rng: random.Random, person: str, cities: list[str], country_of, cur
 
 def _book(rng: random.Random, namer, cities: list[str], passages: int) -> list[Doc]:
     """One work: `passages` episodes of one protagonist's journey, each a training row."""
-    from blade_core.synth import _title
-
     title, hero = _title(rng, set(), side="world"), namer.person()
     home = rng.choice(cities)
     docs = []
@@ -143,8 +139,6 @@ def _book(rng: random.Random, namer, cities: list[str], passages: int) -> list[D
 
 def _general_qa(rng: random.Random) -> list[dict[str, str]]:
     """KnowUndo's general-utility stand-in: the universe's general facts the pretrained base learned."""
-    from blade_core.synth import pretrain_corpus
-
     rows = pretrain_corpus(0, 0)["general_qa"]
     return rng.sample(rows, min(GENERAL_PROBES, len(rows)))
 

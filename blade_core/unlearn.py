@@ -23,8 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from blade_core import forget_check, lora
+from blade_core import lr_scale as lr_rule
+from blade_core.data import load_tokenized
 from blade_core.methods import get_method
-from blade_core.methods.base import Hooks, MethodConfig, RunStatus
+from blade_core.methods.base import Hooks, MethodConfig, RunStatus, UnlearnTask
+from blade_core.modeling import load_model_and_tokenizer, pick_device
 from blade_service.contracts.methods import PRESETS
 from blade_service.contracts.params import make_config
 
@@ -95,9 +103,6 @@ def config_to_dict(config: MethodConfig) -> dict[str, Any]:
 
 
 def seed_everything(seed: int) -> None:
-    import numpy as np
-    import torch
-
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -105,8 +110,6 @@ def seed_everything(seed: int) -> None:
 
 def _progress_hooks(hooks: Hooks, total: int) -> tuple[Hooks, Any]:
     """Wrap `hooks` so every step also advances a tqdm bar showing step/T, lambda, L_fgt, L_ret."""
-    from tqdm.auto import tqdm
-
     bar = tqdm(total=total, desc="unlearn", unit="step", dynamic_ncols=True)
     user = hooks.on_step
 
@@ -144,14 +147,6 @@ def run_unlearning(
     """Train one unlearning adapter on `model` + frozen `adapters`; write it, `history.json`, `run.json` to
     out_dir. Learning rates not in `overrides` follow blade_core/lr_scale.py's rule (factor `lr_scale`, by
     default the model's own; times `lr_multiplier`); forget Prob is measured before and after."""
-    import torch
-
-    from blade_core import forget_check, lora
-    from blade_core import lr_scale as lr_rule
-    from blade_core.data import load_tokenized
-    from blade_core.methods.base import UnlearnTask
-    from blade_core.modeling import load_model_and_tokenizer, pick_device
-
     config = build_config(method, preset, overrides, max_steps, seed)
     adapters = [lora.check_adapter_dir(a) for a in adapters]
     dev = pick_device(device)

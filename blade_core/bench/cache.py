@@ -1,6 +1,6 @@
 """Run caching: a run's row and history are kept under `OUT/runs/<method>/<split>/seed<k>/` with a fingerprint
 (settings, data, target, multiplier, model builds), so an interrupted bench resumes and an unchanged run is
-reused; plus the bench's JSON reading and atomic writing."""
+reused; plus the bench's JSON reading and atomic writing, and the seed a synthesised world records."""
 
 from __future__ import annotations
 
@@ -87,3 +87,10 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, tuple):
         return list(value)
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def world_seed_of(data_dir: Path) -> int | None:
+    """The seed world.json records for a synthesised world (None for other TOFU-format dirs)."""
+    info = _read_json(Path(data_dir) / "world.json")
+    seed = info.get("seed") if isinstance(info, dict) else None
+    return int(seed) if isinstance(seed, int) else None

@@ -3,18 +3,18 @@ and the machine it ran on (results.json "machine")."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
 import os
 import platform
+import resource
 import threading
 from typing import Any
 
 
 def _release_free_memory() -> None:
     """Collect garbage and hand free heap pages back to the OS (glibc `malloc_trim`), so RSS measures anew."""
-    import contextlib
-    import ctypes
-    import gc
-
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):  # not glibc: RSS deltas may understate reused memory
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -37,8 +37,6 @@ class PeakMemory:
             with open("/proc/self/statm") as f:
                 return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
         except (OSError, ValueError, IndexError):
-            import resource
-
             return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
     def __enter__(self) -> PeakMemory:

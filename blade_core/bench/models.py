@@ -9,6 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from blade_core.bench.settings import BenchSettings, Log
+from blade_core.build import build_model
+from blade_core.lora import load_with_stack
+from blade_core.synth import write_world
 
 
 def retain_split(split: str) -> str:
@@ -43,8 +46,6 @@ def prepare_models(
 ) -> tuple[Path, Path | None, dict[str, Path]]:
     """Build (or reuse: `blade model build` caches by content hash) the target and one gold model per
     split."""
-    from blade_core.build import build_model
-
     models = root / "models" / f"{data_dir.name}-{settings.model_size}-s{settings.build_seed}"
     cache = root / "build-cache"
 
@@ -82,8 +83,6 @@ def prepare_synthetic(
     """Synthesise the world (`blade data synth`) under `root`, then build its target and gold models.
 
     `world_seed`: the world's seed (default settings.world_seed; the validation world passes its own)."""
-    from blade_core.synth import write_world
-
     seed = settings.world_seed if world_seed is None else world_seed
     data_dir = root / f"world-a{settings.authors}-s{seed}"
     if not (data_dir / "world.json").is_file():
@@ -95,6 +94,4 @@ def prepare_synthetic(
 
 
 def _load(model_dir: Path, device):
-    from blade_core.lora import load_with_stack
-
     return load_with_stack(model_dir, (), device)

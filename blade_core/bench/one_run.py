@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -11,8 +12,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 from blade_core.bench.measure import PeakMemory
 from blade_core.bench.models import split_paths
-from blade_core.bench.report import _fmt
 from blade_core.bench.settings import BenchPlan, Log
+from blade_core.bench.summary import _fmt
+from blade_core.evaluation.tofu import evaluate_split, load_rows
+from blade_core.lora import load_with_stack
+from blade_core.methods import get_method
+from blade_core.methods._loop import schedule
+from blade_core.modeling import pick_device
+from blade_core.unlearn import build_config, config_fields, run_unlearning
 
 if TYPE_CHECKING:
     from blade_service.contracts.methods.baselines import BaselineConfig
@@ -21,9 +28,6 @@ if TYPE_CHECKING:
 def method_overrides(method: str, plan: BenchPlan) -> dict[str, Any]:
     """The bench-wide config fields every method gets alike (max length; batch size when the settings fix
     one), plus any explicit per-method overrides of the plan. Learning rates are the engine's rule's."""
-    from blade_core.methods import get_method
-    from blade_core.unlearn import config_fields
-
     config_class = get_method(method).config_class
     known = config_fields(config_class)
     fields: dict[str, Any] = {
@@ -51,13 +55,9 @@ def step_cap(plan: BenchPlan, method: str, forget: Path) -> int | None:
     cap = plan.settings.max_steps
     if cap is None:
         return None
-    from blade_core.unlearn import build_config
 
     config = build_config(method, None, method_overrides(method, plan), None, 0)
     if hasattr(config, "epochs"):  # a baseline: its published schedule on this forget set
-        from blade_core.evaluation.tofu import load_rows
-        from blade_core.methods._loop import schedule
-
         n_forget = len(load_rows(forget, ("question", "answer")))
         baseline = cast("BaselineConfig", config)  # only the baselines' configs have `epochs`
         return min(cap, schedule(replace(baseline, max_steps=None), n_forget).total_steps)
@@ -79,9 +79,6 @@ def train(
     """One `run_unlearning` call (the runner `blade unlearn` and the worker use) on `model` (default the
     plan's target) plus frozen `adapters`, at the plan's LR factor times `multiplier` (default: the method's
     chosen one)."""
-    from blade_core.modeling import pick_device
-    from blade_core.unlearn import run_unlearning
-
     device = pick_device()
     with PeakMemory(device.type) as memory:
         started = time.perf_counter()
@@ -107,9 +104,6 @@ def train(
 
 def load_trained(plan: BenchPlan, trained: Trained, base: Path | None = None, stack: Sequence[Path] = ()):
     """(model, tokenizer) of a run's result: its full model dir, or `base` + `stack` + its adapter."""
-    from blade_core.lora import load_with_stack
-    from blade_core.modeling import pick_device
-
     out = trained.out
     if out.full_model:
         return load_with_stack(out.adapter_dir, (), pick_device())
@@ -125,8 +119,6 @@ def evaluate(
     data_dir: Path | None = None,
 ) -> dict[str, Any]:
     """`evaluate_split` with the bench's evaluation settings."""
-    from blade_core.evaluation.tofu import evaluate_split
-
     s = plan.settings
     return evaluate_split(
         model,
@@ -193,8 +185,6 @@ def run_one(
 ) -> dict[str, Any]:
     """Unlearn with one method on one split and one seed, reload the result, evaluate it, and return its
     results row and history."""
-    import shutil
-
     forget_path, retain_path = split_paths(plan.data_dir, split)
     work = _run_dir(plan, method, split, seed, tag) / "model"
     trained = train(

@@ -3,18 +3,15 @@ time and memory, the learning-rate selection, the best HM per split, and the tra
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from blade_core.bench.settings import DYNAMICS_METHODS
-
-
-def _fmt(value: Any, digits: int = 2) -> str:
-    if not isinstance(value, (int, float)) or not math.isfinite(float(value)):
-        return "n/a"
-    return f"{value:.{digits}f}"
+from blade_core.bench.stream import render_stream
+from blade_core.bench.summary import _fmt
+from blade_core.plots import plot_dynamics
+from blade_core.tofu_reference import comparison_row, render_comparison
 
 
 def _pm(cell: dict[str, Any] | None, digits: int = 2) -> str:
@@ -33,8 +30,6 @@ def _fq(cell: dict[str, Any] | None) -> str:
 def render_markdown(results: dict[str, Any], plots: Sequence[Path] = ()) -> str:
     """results.md: Table 1 (MU, Prob, ROUGE, HM as mean ± std per split), then forget quality, PrivLeak, time
     and memory per split, the best HM per split, and the plots."""
-    from blade_core.tofu_reference import comparison_row, render_comparison
-
     summary = {(e["method"], e["split"]): e for e in results["summary"]}
     splits = results["settings"]["splits"]
     methods = results["settings"]["methods"]
@@ -72,8 +67,6 @@ def render_markdown(results: dict[str, Any], plots: Sequence[Path] = ()) -> str:
     ]
     lines += render_selection(results.get("selection"), s.get("lr_scale_applied"))
     if s.get("sequential") or s.get("scales"):
-        from blade_core.bench.stream import render_stream
-
         by_name = {p.stem: p for p in plots}
         for key in ("step", "scale"):
             lines += render_stream(results, key, by_name.get(f"hm_{key}"))
@@ -207,8 +200,6 @@ def write_plots(
 ) -> list[Path]:
     """dynamics_<method>_<split>.png for BLADE and PDU (every seed), and an all-methods loss overview per
     split."""
-    from blade_core.plots import plot_dynamics
-
     paths = []
     for method in DYNAMICS_METHODS:
         for split in splits:

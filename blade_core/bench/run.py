@@ -9,22 +9,26 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from blade_core.bench.cache import _builds, _read_json, _write_json, cached_run
+from tqdm.auto import tqdm
+from transformers.utils import logging as hf_logging
+
+from blade_core.bench.cache import _builds, _read_json, _write_json, cached_run, world_seed_of
 from blade_core.bench.measure import machine
 from blade_core.bench.models import _load
 from blade_core.bench.one_run import evaluate
 from blade_core.bench.report import render_markdown, write_plots
+from blade_core.bench.selection import select_multipliers
 from blade_core.bench.settings import ROW_KEYS, BenchPlan, Log
+from blade_core.bench.stream import plot_stream, run_streams, summarise_stream
 from blade_core.bench.summary import summarise
+from blade_core.evaluation.tofu import gold_reference
+from blade_core.modeling import pick_device
+from blade_core.tofu_reference import comparison_row
 
 
 def reference_evals(plan: BenchPlan, log: Log) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Per split: the gold reference (cached) and the target and gold models' own rows (the table's first
     lines)."""
-    from blade_core.evaluation.tofu import gold_reference
-    from blade_core.modeling import pick_device
-    from blade_core.tofu_reference import comparison_row
-
     s = plan.settings
     refs: dict[str, Any] = {}
     rows: list[dict[str, Any]] = []
@@ -72,21 +76,9 @@ def reference_evals(plan: BenchPlan, log: Log) -> tuple[dict[str, Any], list[dic
     return refs, rows
 
 
-def world_seed_of(data_dir: Path) -> int | None:
-    """The seed world.json records for a synthesised world (None for other TOFU-format dirs)."""
-    info = _read_json(Path(data_dir) / "world.json")
-    seed = info.get("seed") if isinstance(info, dict) else None
-    return int(seed) if isinstance(seed, int) else None
-
-
 def run_bench(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
     """Select learning rates on the validation world, then run (or resume) the test grid (or the sequential
     / scaled experiments); write results.json, results.md and the plots; returns results.json."""
-    from tqdm.auto import tqdm
-    from transformers.utils import logging as hf_logging
-
-    from blade_core.bench.selection import select_multipliers
-
     hf_logging.disable_progress_bar()  # one "Loading weights" bar per model load would drown the run's bars
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -97,8 +89,6 @@ def run_bench(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
     reference_rows: list[dict[str, Any]] = []
     stream = bool(plan.sequential or plan.scales)
     if stream:
-        from blade_core.bench.stream import run_streams
-
         rows = run_streams(plan, say)
     else:
         refs, reference_rows = reference_evals(plan, log)
@@ -142,8 +132,6 @@ def run_bench(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
     }
     plots: list[Path] = []
     if stream:
-        from blade_core.bench.stream import plot_stream, summarise_stream
-
         for key in ("step", "scale"):
             results[f"summary_{key}"] = summarise_stream(rows, key)
         plots = [p for key in ("step", "scale") if (p := plot_stream(plan.out_dir, results, key)) is not None]

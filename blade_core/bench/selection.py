@@ -16,8 +16,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from blade_core.bench.cache import cached_run
-from blade_core.bench.run import world_seed_of
+from blade_core.bench.cache import cached_run, world_seed_of
 from blade_core.bench.settings import BenchPlan, Log
 
 

@@ -31,9 +31,11 @@ from typing import Any
 from blade_core.bench.cache import _builds, _fingerprint, _read_json, _write_json
 from blade_core.bench.models import retain_split, split_paths
 from blade_core.bench.one_run import evaluate, load_trained, make_row, train
-from blade_core.bench.report import _fmt
 from blade_core.bench.settings import BenchPlan, Log
-from blade_core.bench.summary import mean_std
+from blade_core.bench.summary import _fmt, mean_std
+from blade_core.evaluation.metrics import hm_score
+from blade_core.evaluation.tofu import forget_block, load_rows, sample_rows
+from blade_core.plots import plot_curves
 
 DEFAULT_ROWS_PER_AUTHOR = 20  # TOFU: 20 QA pairs per author
 STREAM_KEYS: tuple[str, ...] = (
@@ -50,8 +52,6 @@ STREAM_KEYS: tuple[str, ...] = (
 
 def author_blocks(data_dir: Path, split: str) -> list[list[dict[str, Any]]]:
     """The split's forget rows cut into one block per author (world.json's rows_per_author, else 20)."""
-    from blade_core.evaluation.tofu import load_rows
-
     forget, _ = split_paths(data_dir, split)
     rows = load_rows(forget, ("question", "answer"))
     info = _read_json(data_dir / "world.json") or {}
@@ -103,8 +103,6 @@ def forget_dir(plan: BenchPlan, name: str, rows: list[dict[str, Any]]) -> Path:
 
 def _earlier_metrics(plan: BenchPlan, model, tokenizer, groups: Sequence[list[dict[str, Any]]]) -> list[dict]:
     """Prob and ROUGE of each earlier group (a seeded sample of at most eval_max_rows rows each)."""
-    from blade_core.evaluation.tofu import forget_block, sample_rows
-
     s = plan.settings
     out = []
     for rows in groups:
@@ -121,8 +119,6 @@ def _earlier_metrics(plan: BenchPlan, model, tokenizer, groups: Sequence[list[di
 
 def _with_earlier(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, Any]:
     """The row plus earlier groups' figures and HM over every group so far (row-weighted means)."""
-    from blade_core.evaluation.metrics import hm_score
-
     n_now = row["eval"]["n"].get("forget") or 1
     sets = [*earlier, {"Prob": row["Prob"], "ROUGE": row["ROUGE"], "n": n_now}]
     total = sum(e["n"] for e in sets)
@@ -297,8 +293,6 @@ def render_stream(results: dict[str, Any], key: str, plot: Path | None) -> list[
 
 def plot_stream(out_dir: Path, results: dict[str, Any], key: str) -> Path | None:
     """hm_<key>.png: HM (mean ± std over seeds) against step or scale, one line per method."""
-    from blade_core.plots import plot_curves
-
     summary = results.get(f"summary_{key}", [])
     if not summary:
         return None

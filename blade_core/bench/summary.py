@@ -1,5 +1,5 @@
 """Results aggregation: mean and standard deviation over seeds of every numeric row field, per (method,
-split) (results.json "summary")."""
+split) (results.json "summary"), and `_fmt`, one number as the tables and log lines print it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from blade_core.bench.settings import ROW_KEYS
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+        return "n/a"
+    return f"{value:.{digits}f}"
 
 
 def _values(rows: Sequence[dict[str, Any]], key: str) -> list[float]:

@@ -29,7 +29,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from blade_core.methods import METHOD_NAMES
+from blade_core.evaluation.muse import min_k_auc, muse_eval
+from blade_core.lora import load_with_stack
+from blade_core.methods import METHOD_NAMES, get_method
+from blade_core.modeling import pick_device
+from blade_core.text_build import build_text_model
+from blade_core.text_world import read_world, write_text_world
+from blade_core.unlearn import config_fields, run_unlearning
 
 SUITES: dict[str, dict[str, str]] = {  # suite -> BLADE's preset and the default world kind
     "muse": {"preset": "muse", "kind": "news"},
@@ -72,12 +78,6 @@ class World:
 
 def prepare_world(cache: Path, kind: str, seed: int, settings: TextBenchSettings, log) -> World:
     """The text world of `seed`, its target and retrained models (cached), and the retrained model's AUC."""
-    from blade_core.evaluation.muse import min_k_auc
-    from blade_core.lora import load_with_stack
-    from blade_core.modeling import pick_device
-    from blade_core.text_build import build_text_model
-    from blade_core.text_world import read_world, write_text_world
-
     data = cache / f"{kind}-{settings.docs or 'd'}-seed{seed}"
     write_text_world(data, kind, settings.docs, seed)
     models = {}
@@ -100,7 +100,6 @@ def prepare_world(cache: Path, kind: str, seed: int, settings: TextBenchSettings
 
 def evaluate(model, tokenizer, world: World, settings: TextBenchSettings, suite: str) -> dict[str, Any]:
     """MUSE's metrics (and KnowUndo's HM for that suite) of one model on the world."""
-    from blade_core.evaluation.muse import muse_eval
 
     def cap(rows: list[dict[str, str]]) -> list[dict[str, str]]:
         n = settings.eval_max_rows
@@ -132,11 +131,6 @@ def run_method(
     adapters: list[Path] | None = None,
 ) -> tuple[dict[str, Any], Any]:
     """Train one method (BLADE with the suite's preset) and score it; (row, run output)."""
-    from blade_core.lora import load_with_stack
-    from blade_core.methods import get_method
-    from blade_core.modeling import pick_device
-    from blade_core.unlearn import config_fields, run_unlearning
-
     known = config_fields(get_method(method).config_class)
     overrides = {
         k: v for k, v in {"max_length": settings.max_length, "show_progress": False}.items() if k in known
@@ -258,9 +252,6 @@ def run_text_bench(
     world = prepare_world(cache, kind, settings.world_seed, settings, log)
     reference = []
     for name, model_dir in (("target", world.target), ("retrained", world.retrained)):
-        from blade_core.lora import load_with_stack
-        from blade_core.modeling import pick_device
-
         model, tokenizer = load_with_stack(model_dir, (), pick_device())
         reference.append({"method": name, **evaluate(model, tokenizer, world, settings, suite)})
     rows = []

@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 
 from blade_core.evaluation import metrics as M
+from blade_core.evaluation.generation import generate, generate_from_ids
+from blade_core.evaluation.scoring import score_texts
 
 VERBMEM_PREFIX_TOKENS = 32  # MUSE paper, VerbMem: the first l = 32 tokens of a forget excerpt as the prompt
 VERBMEM_MAX_NEW_TOKENS = 128  # OpenUnlearning forget_verbmem_ROUGE.yaml generation_args; MUSE eval.py
@@ -126,8 +128,6 @@ def verbmem(
 
     {"value", "values", "n"}; texts shorter than the prefix (no continuation) are skipped.
     """
-    from blade_core.evaluation.generation import generate_from_ids
-
     heads, refs = [], []
     for text in texts:
         cut = split_prefix(
@@ -155,8 +155,6 @@ def knowmem(
 
     {"value", "values", "n"}.
     """
-    from blade_core.evaluation.generation import generate
-
     shots = [(r["question"], r["answer"]) for r in icl]
     prompts = [knowmem_prompt(r["question"], shots) for r in qa]
     gens = generate(
@@ -176,7 +174,6 @@ def min_k_auc(
     batch_size: int = 16,
 ) -> float:
     """AUC of Min-K% (k = 0.4) scores, forget (label 0) vs holdout (label 1), as `metrics.mia_auc`."""
-    from blade_core.evaluation.scoring import score_texts
 
     def scores(texts: Sequence[str]) -> list[float]:
         rows = score_texts(model, tokenizer, list(texts), batch_size=batch_size)

@@ -34,6 +34,7 @@ import torch
 
 from blade_core.data import format_qa
 from blade_core.evaluation import metrics as M
+from blade_core.evaluation import muse
 from blade_core.evaluation.generation import ROUGE_MAX_NEW_TOKENS, generate, generate_from_ids
 from blade_core.evaluation.scoring import (
     RowScore,
@@ -181,8 +182,6 @@ def muse_metrics(
     seed: int,
 ) -> dict[str, Any]:
     """VerbMem on the sampled forget texts; KnowMem_forget / KnowMem_retain on the probe sets given."""
-    from blade_core.evaluation import muse
-
     texts = [r["text"] for r in forget]
     out: dict[str, Any] = {"VerbMem": muse.verbmem(model, tokenizer, texts, batch_size=batch_size)["value"]}
     icl = list(probes.get("icl") or [])

@@ -42,6 +42,7 @@ import torch
 from blade_core.data import format_qa
 from blade_core.evaluation import metrics as M
 from blade_core.evaluation.generation import ROUGE_MAX_NEW_TOKENS, generate
+from blade_core.evaluation.robustness import robustness_report
 from blade_core.evaluation.scoring import RowScore, gradient_norms_qa, mean_nlls, score_qa
 from blade_service.contracts.records import DatasetError, read_records, validate_rows
 
@@ -409,8 +410,6 @@ def evaluate_split(
     result["gold_reference"] = gold_reference(result)
 
     if robustness:
-        from blade_core.evaluation.robustness import robustness_report
-
         log("robustness probes (jailbreak templates, paraphrased questions, relearning attack)")
         result["robustness"] = robustness_report(
             model, tokenizer, forget, batch_size=batch_size, max_new_tokens=max_new_tokens, seed=seed
