@@ -11,12 +11,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from celery.exceptions import TimeoutError as CeleryTimeout
+
+from blade_service.broker.app import app
 from blade_service.contracts.names import Priority, Queue, TaskName
-
-if TYPE_CHECKING:
-    from celery import Celery
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +34,6 @@ class GenerateTimeout(DispatchError, TimeoutError):
     """No worker answered within the bounded wait."""
 
 
-def _app() -> Celery:
-    from blade_service.broker.app import app
-
-    return app
-
-
 def enqueue_unlearn(request_id: str, *, countdown: float | None = None) -> bool:
     """Publish the unlearn task for a committed request; False (logged) when the broker is unreachable.
 
@@ -47,7 +41,7 @@ def enqueue_unlearn(request_id: str, *, countdown: float | None = None) -> bool:
     reconciler enqueues it again later. Safe to call twice: the task decides by a database lease.
     """
     try:
-        _app().send_task(
+        app.send_task(
             TaskName.UNLEARN.value,
             kwargs={"request_id": str(request_id)},
             queue=Queue.UNLEARN.value,
@@ -64,7 +58,7 @@ def enqueue_unlearn(request_id: str, *, countdown: float | None = None) -> bool:
 def enqueue_compact(operation_id: str) -> bool:
     """Publish the compaction of a committed stack operation; False (logged) when the broker is away."""
     try:
-        _app().send_task(
+        app.send_task(
             TaskName.COMPACT.value,
             kwargs={"operation_id": str(operation_id)},
             queue=Queue.UNLEARN.value,
@@ -89,11 +83,9 @@ def export(
 def _call(
     task: str, kwargs: dict[str, Any], timeout: float, accept_timeout: float | None = None
 ) -> dict[str, Any]:
-    from celery.exceptions import TimeoutError as CeleryTimeout
-
     accept = min(accept_timeout or timeout, timeout)
     try:
-        result = _app().send_task(
+        result = app.send_task(
             task, kwargs=kwargs, queue=Queue.INFERENCE.value, priority=Priority.HIGH.value, expires=accept
         )
     except Exception as exc:
@@ -130,9 +122,7 @@ def _call(
 def enqueue_reconcile() -> bool:
     """Ask for a reconciliation pass now (same task the periodic schedule sends)."""
     try:
-        _app().send_task(
-            TaskName.RECONCILE.value, queue=Queue.MAINTENANCE.value, expires=60, ignore_result=True
-        )
+        app.send_task(TaskName.RECONCILE.value, queue=Queue.MAINTENANCE.value, expires=60, ignore_result=True)
     except Exception as exc:
         log.warning("enqueue.failed", extra={"task": TaskName.RECONCILE.value, "error": repr(exc)})
         return False
@@ -145,10 +135,8 @@ def generate(base_model: str, prompt: str, max_new_tokens: int = 64, timeout: fl
     Waits at most `timeout` seconds: raises GenerateTimeout when no worker answered in time (the message
     expires unprocessed), DispatchError when the broker is unreachable or the worker failed.
     """
-    from celery.exceptions import TimeoutError as CeleryTimeout
-
     try:
-        result = _app().send_task(
+        result = app.send_task(
             TaskName.GENERATE.value,
             kwargs={"base_model": base_model, "prompt": prompt, "max_new_tokens": int(max_new_tokens)},
             queue=Queue.INFERENCE.value,
