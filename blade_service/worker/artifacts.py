@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from blade_service.contracts.errors import BaseModelUnavailable
+from blade_service.persistence import hub, registry
+from blade_service.persistence.errors import Invalid
 from blade_service.persistence.models import AdapterVersion, BaseModel
 from blade_service.persistence.settings import Settings
 from blade_service.persistence.storage import Storage, extract_archive, sha256_file
@@ -106,8 +108,6 @@ def resolve_base_model(storage: Storage, settings: Settings, source: str, revisi
 
 def _fetch_hub_model(source: str, revision: str | None) -> str:
     from blade_core.modeling import fetch_hub_model
-    from blade_service.persistence import hub
-    from blade_service.persistence.errors import Invalid
 
     try:
         ref = hub.parse(source, revision)
@@ -120,8 +120,6 @@ def _fetch_hub_model(source: str, revision: str | None) -> str:
 
 def active_stack(session: Any, *, base_model_id: str) -> list[AdapterVersion]:
     """The effective stack of a base model: its active adapter versions in version order."""
-    from blade_service.persistence import registry
-
     return registry.effective_stack(session, session.get(BaseModel, base_model_id))
 
 

@@ -16,6 +16,11 @@ from typing import Any
 
 from celery import signals
 
+from blade_service.persistence import jobs
+from blade_service.persistence.db import session_scope
+from blade_service.persistence.models import WorkerHeartbeat
+from blade_service.persistence.settings import get_settings
+
 log = logging.getLogger("blade.worker.heartbeat")
 
 _stop = threading.Event()
@@ -30,10 +35,6 @@ def _queues(consumer: Any) -> list[str]:
 
 
 def _beat(*, alive: bool = True) -> None:
-    from blade_service.persistence import jobs
-    from blade_service.persistence.db import session_scope
-    from blade_service.persistence.settings import get_settings
-
     with session_scope(get_settings()) as session:
         jobs.beat_worker(
             session,
@@ -49,8 +50,6 @@ def _beat(*, alive: bool = True) -> None:
 
 def _current(session: Any) -> str | None:
     """Keep the running request the lease keeper recorded (this beat must not clear it)."""
-    from blade_service.persistence.models import WorkerHeartbeat
-
     row = session.get(WorkerHeartbeat, _state["name"])
     return row.current_request_id if row is not None else None
 
@@ -65,8 +64,6 @@ def _loop(interval: float) -> None:
 
 @signals.worker_ready.connect(weak=False)
 def _on_ready(sender: Any = None, **_: Any) -> None:
-    from blade_service.persistence.settings import get_settings
-
     settings = get_settings()
     _state["name"] = getattr(sender, "hostname", None) or f"worker@{socket.gethostname()}"
     _state["queues"] = _queues(sender)

@@ -34,7 +34,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from celery import signals
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+    values,
+)
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
 from blade_service.broker.app import HEADER_PUBLISHED_AT
+from blade_service.persistence.settings import get_settings
 
 log = logging.getLogger("blade.worker.metrics")
 
@@ -48,8 +60,6 @@ class WorkerMetrics:
     """The metric objects, built once the multiprocess directory is set (prometheus-client reads it then)."""
 
     def __init__(self) -> None:
-        from prometheus_client import Counter, Gauge, Histogram
-
         self.tasks = Counter(
             "blade_worker_tasks",
             "Tasks finished by this worker, by task name and outcome",
@@ -164,17 +174,12 @@ def enable_multiprocess(directory: Path | None = None) -> Path:
         old.unlink()
     # prometheus-client reads this variable; children forked later inherit it.
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
-    from prometheus_client import values
-
     values.ValueClass = values.get_value_class()
     _multiproc_dir = directory
     return directory
 
 
 def multiprocess_registry():
-    from prometheus_client import CollectorRegistry
-    from prometheus_client.multiprocess import MultiProcessCollector
-
     registry = CollectorRegistry()
     if _multiproc_dir is not None:
         MultiProcessCollector(registry, path=str(_multiproc_dir))
@@ -183,8 +188,6 @@ def multiprocess_registry():
 
 def start_metrics_server(port: int, *, host: str = "0.0.0.0", tries: int = 10) -> int | None:
     """Serve the worker's metrics on `port` (or the next free one of `tries`); returns the port or None."""
-    from prometheus_client import start_http_server
-
     for candidate in range(port, port + tries):
         try:
             start_http_server(candidate, addr=host, registry=multiprocess_registry())
@@ -309,16 +312,12 @@ def _on_postrun(
 def _on_process_shutdown(**_: Any) -> None:
     # A pool child exits (on GPU queues after every task): its live gauges go with it.
     if _multiproc_dir is not None:
-        from prometheus_client import multiprocess
-
-        multiprocess.mark_process_dead(os.getpid(), path=str(_multiproc_dir))
+        mark_process_dead(os.getpid(), path=str(_multiproc_dir))
 
 
 def _on_worker_init(**_: Any) -> None:
     """Main worker process, before the pool starts: multiprocess dir, HTTP server. (Its heartbeat is the
     database row that `worker/heartbeat.py` renews; the API exports its age.)"""
-    from blade_service.persistence.settings import get_settings
-
     settings = get_settings()
     directory = Path(settings.data_dir) / "worker-metrics" / f"{socket.gethostname()}-{os.getpid()}"
     try:
@@ -337,8 +336,6 @@ def _on_worker_shutdown(**_: Any) -> None:
 
 def connect_signals() -> None:
     """Connect the handlers (the publish-time header they read is stamped by `broker.app`)."""
-    from celery import signals
-
     signals.task_prerun.connect(_on_prerun, weak=False, dispatch_uid="blade-metrics-prerun")
     signals.task_postrun.connect(_on_postrun, weak=False, dispatch_uid="blade-metrics-postrun")
     signals.worker_init.connect(_on_worker_init, weak=False, dispatch_uid="blade-metrics-worker-init")

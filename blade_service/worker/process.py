@@ -14,6 +14,8 @@ from typing import Any
 
 from celery import signals
 
+from blade_service.persistence import db
+
 log = logging.getLogger("blade.worker")
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
@@ -28,8 +30,6 @@ def worker_id() -> str:
 def _after_fork(**_: Any) -> None:
     """A forked pool child must not reuse the parent's pooled database connections (close=False: the parent
     keeps using its own sockets)."""
-    from blade_service.persistence import db
-
     for engine in list(getattr(db, "_engines", {}).values()):
         engine.dispose(close=False)
     global WORKER_ID

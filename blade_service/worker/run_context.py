@@ -8,13 +8,14 @@ from typing import Any
 
 from sqlalchemy import select
 
-from blade_service.persistence import jobs
+from blade_service.persistence import jobs, policy
 from blade_service.persistence.db import session_scope
 from blade_service.persistence.models import AdapterVersion, BaseModel, Dataset, RequestStatus
 from blade_service.persistence.settings import Settings
 from blade_service.persistence.storage import Storage, get_storage
 from blade_service.worker.artifacts import active_stack
 from blade_service.worker.errors import TaskFailure
+from blade_service.worker.stacks import earlier_forgets
 
 
 @dataclass
@@ -90,7 +91,6 @@ def load_context(settings: Settings, *, owner: str, request_id: str, attempt: in
             workdir=settings.data_dir.resolve() / "work" / req.id,
             rebase=dict((req.meta or {}).get("rebase") or {}),
         )
-        from blade_service.persistence import policy
 
         ctx.policy = policy.effective(base)
         ctx.base_revision = base.revision
@@ -116,7 +116,5 @@ def load_context(settings: Settings, *, owner: str, request_id: str, attempt: in
             {"id": a.id, "key": a.storage_key, "sha256": a.sha256, "version": a.version} for a in stack
         ]
         if ctx.rebase:  # a retrain must keep the stack's earlier forget sets forgotten (the gate checks)
-            from blade_service.worker.stacks import earlier_forgets
-
             ctx.earlier = earlier_forgets(session, [a["id"] for a in ctx.stack])
     return ctx

@@ -19,17 +19,27 @@ import logging
 import shutil
 import tempfile
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
 
+from blade_service.broker import dispatch
 from blade_service.contracts.names import TaskName
+from blade_service.contracts.records import load_dataset_rows
 from blade_service.persistence import policy as policy_rules
 from blade_service.persistence import registry
 from blade_service.persistence.db import session_scope
-from blade_service.persistence.models import BaseModel, Dataset, StackOperation, UnlearnRequest, utcnow
+from blade_service.persistence.hub import is_hub_snapshot
+from blade_service.persistence.models import (
+    AdapterVersion,
+    BaseModel,
+    Dataset,
+    StackOperation,
+    UnlearnRequest,
+    utcnow,
+)
 from blade_service.persistence.settings import Settings, get_settings
 from blade_service.persistence.storage import Storage, get_storage
 from blade_service.worker.artifacts import dataset_suffix, fetch_adapter, fetch_dataset, resolve_base_model
@@ -55,7 +65,6 @@ def base_reference(
     """What adapter_config.json names as the base model: the hub id and its registered revision, or the
     registry name for local sources (see blade_core.export.base_model_reference)."""
     from blade_core.export import base_model_reference
-    from blade_service.persistence.hub import is_hub_snapshot
 
     local = Path(base_ref).is_dir() and not is_hub_snapshot(base_ref)  # a hub model resolves to its snapshot
     reference, pinned = base_model_reference(name, source, source_is_local=local)
@@ -63,8 +72,6 @@ def base_reference(
 
 
 def load_rows(storage: Storage, dataset: dict[str, str], dest: Path) -> list[dict[str, Any]]:
-    from blade_service.contracts.records import load_dataset_rows
-
     dest.mkdir(parents=True, exist_ok=True)
     path = fetch_dataset(storage, dataset, dest / f"{dataset['id']}{dataset_suffix(dataset['key'])}")
     return load_dataset_rows(path)[0]
@@ -121,8 +128,6 @@ def gate_verdict(
 
 def earlier_forgets(session: Any, adapter_ids: list[str]) -> list[dict[str, Any]]:
     """The forget datasets of the stack's versions (what must stay forgotten), purged ones marked."""
-    from blade_service.persistence.models import AdapterVersion
-
     out = []
     for adapter in session.scalars(select(AdapterVersion).where(AdapterVersion.id.in_(adapter_ids))):
         if adapter.request is None:
@@ -353,10 +358,6 @@ COMPACT_TIME_LIMIT_S = 3700  # the task's hard limit: a compaction "running" for
 
 def reconcile_operations(settings: Settings, *, requeue_after_s: float) -> list[str]:
     """Re-publish queued compactions whose message may be lost; fail those whose worker died. The ids sent."""
-    from datetime import timedelta
-
-    from blade_service.broker.dispatch import enqueue_compact
-
     now, sent = utcnow(), []
     with session_scope(settings) as session:
         ops = session.scalars(select(StackOperation).where(StackOperation.status.in_(("queued", "running"))))
@@ -370,7 +371,7 @@ def reconcile_operations(settings: Settings, *, requeue_after_s: float) -> list[
                     op.error_message = "the worker running this compaction stopped; the stack is unchanged"
                 continue
             published = datetime.fromisoformat(op.params.get("published_at") or op.created_at.isoformat())
-            if now - published > timedelta(seconds=requeue_after_s) and enqueue_compact(op.id):
+            if now - published > timedelta(seconds=requeue_after_s) and dispatch.enqueue_compact(op.id):
                 op.params = {**op.params, "published_at": now.isoformat()}
                 sent.append(op.id)
     return sent

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from blade_service.contracts.records import load_dataset_rows
 from blade_service.persistence import jobs
 from blade_service.persistence.db import session_scope
 from blade_service.worker import observability
@@ -33,7 +34,6 @@ def planned_steps(
     if config.max_steps is not None:
         return int(config.max_steps)
     from blade_core.methods._loop import schedule
-    from blade_service.contracts.records import load_dataset_rows
 
     return schedule(config, len(load_dataset_rows(forget_path)[0])).total_steps
 

@@ -35,6 +35,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from blade_service.broker.dispatch import enqueue_unlearn
 from blade_service.contracts.names import TaskName
+from blade_service.contracts.records import load_dataset_rows
 from blade_service.persistence import jobs, registry
 from blade_service.persistence.db import session_scope
 from blade_service.persistence.models import AdapterState, AdapterVersion, RequestStatus, UnlearnRequest
@@ -151,8 +152,6 @@ def _run_request(ctx: RunContext, lease: LeaseKeeper) -> str:
     ]
     out_dir = ctx.workdir / "adapter"
     staged = adapter_key(base_model_id=ctx.base_model_id, request_id=ctx.request_id)
-
-    from blade_service.contracts.records import load_dataset_rows
 
     forget_rows = load_dataset_rows(forget_path)[0]
     retain_rows = load_dataset_rows(retain_path)[0]
