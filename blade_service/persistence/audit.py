@@ -28,6 +28,7 @@ from typing import Any, cast
 from sqlalchemy import Executable, Select, Table, Text, bindparam, func, select
 from sqlalchemy.orm import Session
 
+from blade_service.persistence import webhook_outbox
 from blade_service.persistence.models import GENESIS_HASH, AuditEntry, utcnow
 
 _APPEND_LOCK = 727273  # pg_advisory_xact_lock key for appends
@@ -98,11 +99,7 @@ def append(
         entry = draft
         entry.prev_hash, entry.hash = prev, compute_hash(prev, entry_payload(draft))
         session.add(entry)
-    from blade_service.persistence import (
-        webhooks,  # the outbox: a tenant's webhook deliveries commit with the change
-    )
-
-    webhooks.capture(session, entry)
+    webhook_outbox.capture(session, entry)  # a tenant's webhook deliveries commit with the change
     session.flush()
     return entry
 

@@ -9,6 +9,7 @@ from sqlalchemy import ColumnElement, or_, select
 from sqlalchemy.orm import Session
 
 from blade_service.persistence import audit
+from blade_service.persistence import policy as policy_rules
 from blade_service.persistence.errors import Conflict, Invalid, NotFound
 from blade_service.persistence.models import BaseModel
 
@@ -42,7 +43,6 @@ def register(
         raise Invalid("source: must be a non-empty string", field="source")
     if session.scalars(select(BaseModel.id).where(BaseModel.name == name)).first():
         raise Conflict(f"a base model named {name!r} already exists", code="base_model_exists")
-    from blade_service.persistence import policy as policy_rules
 
     rules = policy_rules.parse(policy) if policy is not None else None
     canary = policy_rules.check_canary(

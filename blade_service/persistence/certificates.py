@@ -27,8 +27,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from blade_service.persistence import signing
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from blade_service.persistence import audit, registry, signing
+from blade_service.persistence.audit_heads import current_signed_head
 from blade_service.persistence.convergence import converged, convergence_note
+from blade_service.persistence.models import (
+    AdapterVersion,
+    Certificate,
+    RequestStatus,
+    TrainingEvent,
+    UnlearnRequest,
+)
+from blade_service.persistence.storage import get_storage
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -342,11 +354,6 @@ def _base_model_part(model: Any, hyperparameters: dict[str, Any]) -> dict[str, A
 
 def gather(session: Session, request_id: str, *, tenant_id: str | None = None) -> dict[str, Any]:
     """The parts of a certificate for a succeeded request (`CertificateNotFound`, `CertificateError`)."""
-    from sqlalchemy import select
-
-    from blade_service.persistence import audit, registry
-    from blade_service.persistence.models import AdapterVersion, RequestStatus, TrainingEvent, UnlearnRequest
-
     request = session.get(UnlearnRequest, request_id)
     if request is None or (tenant_id is not None and request.tenant_id != tenant_id):
         raise CertificateNotFound(f"no unlearn request {request_id}")
@@ -482,16 +489,9 @@ def issue_certificate(
     session: Session, request_id: str, *, settings: Settings, actor: str = "system"
 ) -> Certificate:
     """The request's stored certificate, issued, stored and audited now if it has none yet (idempotent)."""
-    from sqlalchemy.exc import IntegrityError
-
-    from blade_service.persistence import audit
-    from blade_service.persistence.models import Certificate
-
     existing = session.get(Certificate, request_id)
     if existing is not None:
         return existing
-    from blade_service.persistence.audit_heads import current_signed_head
-    from blade_service.persistence.storage import get_storage
 
     key = signing.load_private_key(settings)
     kid = signing.publish_key(session, key)
@@ -532,8 +532,6 @@ def get_certificate(
     session: Session, request_id: str, *, settings: Settings, tenant_id: str | None = None
 ) -> dict[str, Any]:
     """The stored certificate of a succeeded request (issued now when it was not yet); never a new one."""
-    from blade_service.persistence.models import Certificate, UnlearnRequest
-
     request = session.get(UnlearnRequest, request_id)
     if request is None or (tenant_id is not None and request.tenant_id != tenant_id):
         raise CertificateNotFound(f"no unlearn request {request_id}")

@@ -26,6 +26,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, Executable, Result, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
@@ -146,8 +149,6 @@ def session_scope(settings: Settings | None = None) -> Iterator[Session]:
 
 def alembic_config(url: str) -> Any:
     """An Alembic config for `url` that works from the repo and when installed (no alembic.ini needed)."""
-    from alembic.config import Config
-
     config = Config(str(MIGRATIONS_DIR / "alembic.ini"))
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     config.set_main_option("sqlalchemy.url", normalise_url(url).replace("%", "%%"))
@@ -157,8 +158,6 @@ def alembic_config(url: str) -> Any:
 
 def upgrade_to_head(url: str) -> None:
     """`alembic upgrade head` on `url`: the API's start-up step; concurrent callers take turns."""
-    from alembic import command
-
     engine = make_engine(url)
     try:
         with engine.begin() as connection:
@@ -174,8 +173,6 @@ def upgrade_to_head(url: str) -> None:
 
 def current_revision(url: str) -> str | None:
     """The revision the database is at (None: not migrated)."""
-    from alembic.runtime.migration import MigrationContext
-
     engine = make_engine(url)
     try:
         with engine.connect() as connection:

@@ -16,6 +16,7 @@ Who runs a request is decided here, in the database, so a redelivered or duplica
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -23,6 +24,7 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, Delete, Update, and_, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
+from blade_service.persistence import audit
 from blade_service.persistence.models import (
     ALLOWED_TRANSITIONS,
     TERMINAL_STATUSES,
@@ -99,8 +101,6 @@ def _audit(
     reason: str | None = None,
 ) -> None:
     """Append an audit entry for a request's state change (through the API package's hash chain)."""
-    from blade_service.persistence import audit
-
     audit.append(
         session,
         tenant_id=request.tenant_id,
@@ -605,8 +605,6 @@ def beat_worker(
 
 def _jsonable(value: Any) -> Any:
     """JSON-safe copy: numpy/torch scalars to floats, NaN/inf to None, tuples to lists."""
-    import math
-
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

@@ -162,7 +162,7 @@ def _header(request: Any, name: str) -> str | None:
 
 def connect_celery_signals() -> None:
     """Wire the header propagation into Celery (both processes: the API publishes, the worker runs)."""
-    from celery import signals
+    from celery import signals  # lazy: the CLI loads this module for `--help`, which must not load celery
 
     signals.before_task_publish.connect(_on_publish, weak=False, dispatch_uid="blade-jsonlog-publish")
     signals.task_prerun.connect(_on_prerun, weak=False, dispatch_uid="blade-jsonlog-prerun")

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
@@ -55,8 +56,6 @@ class RevocationListener:
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        import psycopg
-
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:

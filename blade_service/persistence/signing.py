@@ -25,6 +25,10 @@ from typing import TYPE_CHECKING, Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from blade_service.persistence.models import SigningKey
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -141,10 +145,6 @@ def verify(public: bytes, data: bytes, signature: str) -> bool:
 
 def publish_key(session: Session, key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
     """Record the key's public half in `signing_keys` (once); its key id."""
-    from sqlalchemy.exc import IntegrityError
-
-    from blade_service.persistence.models import SigningKey
-
     kid = key_id(key)
     if session.get(SigningKey, kid) is None:
         try:
@@ -157,10 +157,6 @@ def publish_key(session: Session, key: Ed25519PrivateKey | Ed25519PublicKey) -> 
 
 def published_keys(session: Session) -> list[dict[str, Any]]:
     """Every public key ever used, oldest first: `{key_id, algorithm, public_key, created_at, retired_at}`."""
-    from sqlalchemy import select
-
-    from blade_service.persistence.models import SigningKey
-
     rows = session.scalars(select(SigningKey).order_by(SigningKey.created_at, SigningKey.key_id))
     return [
         {

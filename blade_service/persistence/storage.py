@@ -31,6 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import boto3
+from botocore.exceptions import BotoCoreError, ClientError
+
 from blade_service.persistence.settings import Settings, get_settings
 
 CHUNK = 1024 * 1024
@@ -260,8 +263,6 @@ class S3Storage(Storage):
     """Objects in an S3-compatible bucket (AWS, MinIO, Ceph…) under an optional prefix."""
 
     def __init__(self, bucket: str, *, endpoint_url: str | None = None, prefix: str = "", client: Any = None):
-        import boto3
-
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.client = client or boto3.client("s3", endpoint_url=endpoint_url)
@@ -271,8 +272,6 @@ class S3Storage(Storage):
 
     @contextmanager
     def _errors(self, key: str) -> Iterator[None]:
-        from botocore.exceptions import BotoCoreError, ClientError
-
         try:
             yield
         except ClientError as exc:

@@ -1,10 +1,11 @@
 """Per-tenant webhooks: HMAC-signed JSON on terminal request states and adapter state changes.
 
-Events come from the audit log: `audit.append` calls `capture`, which, in the same transaction, adds one
-`WebhookDelivery` per subscribed endpoint of the entry's tenant (an outbox: an event is queued exactly when
-the state change commits). The maintenance worker's periodic task (`worker.webhooks_task`) POSTs
-what is due; a failure is retried with exponential backoff (`webhook_retry_base_s` x 2^(attempt-1)) until
-`webhook_max_attempts`, then the delivery is `failed`. The log is readable at `GET /webhooks/{id}/deliveries`.
+Events come from the audit log: `audit.append` calls `webhook_outbox.capture`, which, in the same
+transaction, adds one `WebhookDelivery` per subscribed endpoint of the entry's tenant (an outbox: an event is
+queued exactly when the state change commits). The maintenance worker's periodic task
+(`worker.webhooks_task`) POSTs what is due; a failure is retried with exponential backoff
+(`webhook_retry_base_s` x 2^(attempt-1)) until `webhook_max_attempts`, then the delivery is `failed`. The log
+is readable at `GET /webhooks/{id}/deliveries`.
 
 Each POST carries the exact JSON body and
     Blade-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>
@@ -28,24 +29,16 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from blade_service.persistence import audit
 from blade_service.persistence.errors import Invalid, NotFound
-from blade_service.persistence.models import AuditEntry, WebhookDelivery, WebhookEndpoint, new_id, utcnow
+from blade_service.persistence.models import WebhookDelivery, WebhookEndpoint, new_id, utcnow
 from blade_service.persistence.settings import Settings
+from blade_service.persistence.webhook_outbox import EVENTS
 
-# Audit actions that are webhook events, and the event names receivers see.
-EVENTS: dict[str, str] = {
-    "unlearn_request.succeed": "request.succeeded",
-    "unlearn_request.fail": "request.failed",
-    "unlearn_request.cancelled": "request.cancelled",
-    "unlearn_request.reject": "request.rejected",
-    "adapter.create": "adapter.created",
-    "adapter.disable": "adapter.disabled",
-    "adapter.enable": "adapter.enabled",
-    "adapter.compact": "adapter.compacted",
-}
 TIMEOUT_S = 10.0
 RESPONSE_EXCERPT = 500  # characters of a failed response kept in the log
 
@@ -121,8 +114,6 @@ def create_endpoint(
     actor_key_id: str | None = None,
 ) -> WebhookEndpoint:
     """A new endpoint with a fresh secret (returned once, by the route that creates it)."""
-    from blade_service.persistence import audit
-
     unknown = sorted(set(events) - set(EVENTS.values()))
     if unknown:
         raise Invalid(f"events: unknown {unknown}; known: {sorted(EVENTS.values())}", field="events")
@@ -170,8 +161,6 @@ def list_endpoints(session: Session, *, tenant_id: str) -> list[WebhookEndpoint]
 def disable_endpoint(
     session: Session, *, tenant_id: str, endpoint_id: str, actor: str, actor_key_id: str | None = None
 ) -> WebhookEndpoint:
-    from blade_service.persistence import audit
-
     endpoint = get_endpoint(session, tenant_id=tenant_id, endpoint_id=endpoint_id)
     if endpoint.disabled_at is None:
         endpoint.disabled_at = utcnow()
@@ -200,54 +189,11 @@ def list_deliveries(
     return list(session.scalars(query))
 
 
-# --- the outbox ---------------------------------------------------------------------------------------------
-
-
-def capture(session: Session, entry: AuditEntry) -> list[WebhookDelivery]:
-    """Queue one delivery per subscribed endpoint of the entry's tenant, in the entry's transaction."""
-    event = EVENTS.get(entry.action)
-    if event is None or entry.tenant_id is None:
-        return []
-    with session.no_autoflush:
-        endpoints = session.scalars(
-            select(WebhookEndpoint).where(
-                WebhookEndpoint.tenant_id == entry.tenant_id, WebhookEndpoint.disabled_at.is_(None)
-            )
-        ).all()
-    deliveries = []
-    for endpoint in endpoints:
-        if endpoint.events and event not in endpoint.events:
-            continue
-        delivery_id = new_id("whd")
-        body = {
-            "id": delivery_id,
-            "event": event,
-            "created_at": entry.created_at.isoformat(),
-            "tenant_id": entry.tenant_id,
-            "subject": {"type": entry.subject_type, "id": entry.subject_id},
-            "actor": entry.actor,
-            "reason": entry.reason,
-            "data": entry.data,
-        }
-        delivery = WebhookDelivery(
-            id=delivery_id,
-            endpoint_id=endpoint.id,
-            tenant_id=entry.tenant_id,
-            event=event,
-            payload=json.dumps(body, sort_keys=True, separators=(",", ":")),
-            status="pending",
-            attempts=0,
-            next_attempt_at=utcnow(),
-        )
-        session.add(delivery)
-        deliveries.append(delivery)
-    return deliveries
+# --- delivery -----------------------------------------------------------------------------------------------
 
 
 def _post(endpoint: WebhookEndpoint, delivery: WebhookDelivery) -> tuple[int | None, str | None]:
     """(HTTP status, error); the error is None only for a 2xx answer."""
-    import httpx
-
     host = urlsplit(endpoint.url).hostname or ""
     loopback = _loopback_addresses(host)
     if loopback and not endpoint.allow_loopback:
