@@ -90,8 +90,11 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         return engine
     kwargs.setdefault("pool_pre_ping", False)  # recycle + retry instead (module doc)
     kwargs.setdefault("pool_recycle", POOL_RECYCLE_S)
-    kwargs.setdefault("pool_size", 10)
-    kwargs.setdefault("max_overflow", 20)
+    # Kept open: up to 20 (an API process under a few dozen concurrent polls checks out more than 10 at once,
+    # and overflow connections are closed on return, so each burst paid PostgreSQL a backend start per extra
+    # connection); 30 at most, as before.
+    kwargs.setdefault("pool_size", 20)
+    kwargs.setdefault("max_overflow", 10)
     return create_engine(url, **kwargs)
 
 
