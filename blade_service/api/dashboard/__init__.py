@@ -13,6 +13,9 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from blade_service.api.dashboard import bridge
+from blade_service.api.dashboard.views import SignInRequired, router, sign_in_redirect
+
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 # Scripts and styles only from our own origin (no inline script, so an injected <script> or on* attribute
@@ -52,9 +55,6 @@ class SecurityHeaders:
 
 
 def install_dashboard(app: FastAPI) -> None:
-    from blade_service.api.dashboard import bridge
-    from blade_service.api.dashboard.views import SignInRequired, router, sign_in_redirect
-
     app.include_router(bridge.router)
     app.include_router(router)
     app.mount("/dashboard/static", StaticFiles(directory=STATIC_DIR), name="dashboard-static")

@@ -24,8 +24,11 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from blade_service.api.dashboard import queries
 from blade_service.api.dashboard import session as dash_session
 from blade_service.api.dashboard.session import COOKIE, COOKIE_PATH, Viewer, cookie_secret, viewer_for
-from blade_service.api.dashboard.templating import templates
 from blade_service.api.deps import SessionDep
+from blade_service.api.observability.state import broker_queue_depths, worker_alive_after_s
+from blade_service.api.routes.certificates import certificate_response
+from blade_service.api.templating import templates
+from blade_service.contracts.names import ALL_QUEUES
 from blade_service.persistence.settings import Settings, get_settings
 
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
@@ -152,9 +155,6 @@ def logout(request: Request, session: SessionDep, csrf_token: Annotated[str, For
 
 @router.get("", response_class=HTMLResponse)
 def overview(request: Request, session: SessionDep, viewer: ViewerDep) -> HTMLResponse:
-    from blade_service.api.observability.state import broker_queue_depths, worker_alive_after_s
-    from blade_service.contracts.names import ALL_QUEUES
-
     settings = _settings(request)
     data = queries.overview(
         session,
@@ -222,8 +222,6 @@ def _nan_to_none(value: Any) -> Any:
 
 @router.get("/requests/{request_id}/certificate", response_class=HTMLResponse)
 def certificate_page(request: Request, request_id: str, session: SessionDep, viewer: ViewerDep) -> Response:
-    from blade_service.api.routes.certificates import certificate_response
-
     return certificate_response(
         request,
         session,

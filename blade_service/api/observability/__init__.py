@@ -26,11 +26,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from fastapi import Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, start_http_server
 from sqlalchemy.orm import Session
 
 from blade_service.api.observability.collector import ServiceStateCollector
 from blade_service.api.observability.middleware import HttpMetrics, ObservabilityMiddleware
+from blade_service.persistence.db import session_factory as make_factory
 from blade_service.persistence.settings import Settings
 
 log = logging.getLogger("blade.api.http")
@@ -42,11 +44,7 @@ def install_observability(
     session_factory: Callable[[], Session] | None = None,
 ) -> CollectorRegistry:
     """Add the middleware and `GET /metrics` to a FastAPI app; returns the app's registry."""
-    from fastapi import Response
-
     if session_factory is None:
-        from blade_service.persistence.db import session_factory as make_factory
-
         session_factory = make_factory(settings)
     registry = CollectorRegistry()
     http = HttpMetrics(registry)
@@ -71,8 +69,6 @@ def serve_metrics_port(registry: CollectorRegistry, host: str, port: int) -> Non
     """Serve `registry` on its own port (a daemon thread); the public app then has no `/metrics`. With several
     API processes the first one binds it; the others log that and rely on it (the state gauges come from the
     database, so any one process reports them)."""
-    from prometheus_client import start_http_server
-
     try:
         start_http_server(port, addr=host, registry=registry)
     except OSError as exc:

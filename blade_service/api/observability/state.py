@@ -13,10 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
+from kombu import Connection
 from sqlalchemy import func, literal_column, select
 from sqlalchemy.orm import Session
 
 from blade_service.api.observability.history import HistoryTotals, Totals, _add
+from blade_service.contracts.names import ALL_QUEUES
 from blade_service.persistence.models import (
     AdapterVersion,
     BaseModel,
@@ -64,8 +66,6 @@ def broker_queue_depths(
             return dict(cached[1])
 
     def count() -> dict[str, int | None]:
-        from kombu import Connection
-
         depths: dict[str, int | None] = {}
         with Connection(url, connect_timeout=timeout) as conn:
             channel = conn.default_channel
@@ -148,6 +148,4 @@ def snapshot(
 
 
 def _queue_names() -> tuple[str, ...]:
-    from blade_service.contracts.names import ALL_QUEUES
-
     return ALL_QUEUES

@@ -9,6 +9,7 @@ from blade_service.api.deps import AdminKey, ReadKey, SessionDep, SettingsDep, S
 from blade_service.api.error_responses import error_responses
 from blade_service.api.pagination import Cursor, Limit, Offset, Page, page_after
 from blade_service.api.schemas import BaseModelIn, BaseModelOut, GenerateIn, GenerateOut
+from blade_service.broker import dispatch
 from blade_service.persistence import auth, base_models, hub, registry
 from blade_service.persistence.errors import GatewayTimeout, ServiceError, Unavailable
 from blade_service.persistence.storage import Storage
@@ -104,8 +105,6 @@ def generate_text(
 
 
 def _dispatch_generate(base_model: str, prompt: str, max_new_tokens: int, timeout: float) -> str:
-    from blade_service.broker import dispatch
-
     try:
         return dispatch.generate(base_model, prompt, max_new_tokens=max_new_tokens, timeout=timeout)
     except TimeoutError:

@@ -19,9 +19,11 @@ from sqlalchemy.orm import Session
 
 from blade_service.api.deps import ReadKey, SessionDep
 from blade_service.api.schemas import ErrorOut
+from blade_service.api.templating import templates
 from blade_service.persistence import signing
 from blade_service.persistence.certificates import CANONICAL_FORM, CertificateError, CertificateNotFound
 from blade_service.persistence.certificates import get_certificate as stored_certificate
+from blade_service.persistence.models import AdapterVersion
 from blade_service.persistence.settings import Settings, get_settings
 
 router = APIRouter(tags=["certificates"])
@@ -61,8 +63,6 @@ def certificate_response(
     except CertificateError as exc:
         return _error(409, "not_succeeded", str(exc))
     if fmt == "html":
-        from blade_service.api.dashboard.templating import templates
-
         return templates.TemplateResponse(
             request,
             "certificate.html",
@@ -84,8 +84,6 @@ def certificate_response(
 
 def _adapter_now(session: Session, doc: dict[str, Any]) -> dict[str, Any] | None:
     """The adapter's state today when it changed since issue (shown beside the certificate, not in it)."""
-    from blade_service.persistence.models import AdapterVersion
-
     issued = (doc.get("model") or {}).get("adapter") or {}
     adapter = session.get(AdapterVersion, issued.get("id") or "")
     if adapter is None or adapter.state.value == issued.get("state"):

@@ -8,6 +8,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from kombu import Connection
 from sqlalchemy import text
 
 from blade_service.api.schemas import HealthOut
@@ -29,8 +30,6 @@ def _database(request: Request) -> None:
 
 
 def _broker(request: Request) -> None:
-    from kombu import Connection
-
     settings = request.app.state.settings
     with Connection(settings.resolved_broker_url(), connect_timeout=CHECK_TIMEOUT_S) as conn:
         conn.ensure_connection(max_retries=1, timeout=CHECK_TIMEOUT_S)

@@ -12,7 +12,8 @@ from starlette.background import BackgroundTask
 from blade_service.api.deps import ReadKey, ReadSessionDep, SessionDep, SubmitKey
 from blade_service.api.pagination import Cursor, Limit, Offset, Page, decode_cursor, page
 from blade_service.api.schemas import CancelIn, MetricsOut, UnlearnRequestIn, UnlearnRequestOut
-from blade_service.persistence import auth, requests
+from blade_service.broker.dispatch import enqueue_unlearn
+from blade_service.persistence import auth, jobs, requests
 from blade_service.persistence.models import RequestStatus, UnlearnRequest
 
 router = APIRouter(prefix="/unlearn-requests", tags=["unlearn requests"])
@@ -74,8 +75,6 @@ def json_response(out: UnlearnRequestOut, **kwargs: Any) -> Response:
 def publish_submitted(session_factory: sessionmaker[Session], request_id: str) -> None:
     """Publish a request committed with `enqueued_at` set; if the broker is down, clear it so the
     reconciler sends it within its publish grace instead of its requeue delay."""
-    from blade_service.broker.dispatch import enqueue_unlearn
-
     if enqueue_unlearn(request_id):
         return
     try:
@@ -88,9 +87,6 @@ def publish_submitted(session_factory: sessionmaker[Session], request_id: str) -
 def enqueue(session: Any, request_id: str) -> None:
     """Hand the committed request to the workers; if the broker is down the reconciler sends it later."""
     try:
-        from blade_service.broker.dispatch import enqueue_unlearn
-        from blade_service.persistence import jobs
-
         if enqueue_unlearn(request_id):
             jobs.mark_enqueued(session, request_ids=[request_id])
             session.commit()

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
 from blade_service.api.deps import AdminKey, ReadKey, SessionDep, SettingsDep, StorageDep
+from blade_service.api.routes.requests import enqueue, request_out
 from blade_service.api.schemas import (
     BaseModelOut,
     CompactIn,
@@ -16,6 +17,7 @@ from blade_service.api.schemas import (
     StackOperationOut,
     UnlearnRequestOut,
 )
+from blade_service.broker import dispatch
 from blade_service.persistence import auth, base_models, policy, rebase, stack_operations
 from blade_service.persistence.errors import (
     Conflict,
@@ -64,7 +66,6 @@ def compact(name: str, body: CompactIn, session: SessionDep, key: AdminKey) -> S
         operator=auth.is_operator(key),
     )
     session.commit()
-    from blade_service.broker import dispatch
 
     dispatch.enqueue_compact(op.id)
     return StackOperationOut.of(op)
@@ -85,7 +86,6 @@ def retrain(adapter_id: str, body: RetrainIn, session: SessionDep, key: AdminKey
         actor_key_id=key.id,
     )
     session.commit()
-    from blade_service.api.routes.requests import enqueue, request_out
 
     enqueue(session, request.id)
     return request_out(session, request)  # with its queue position, as every route returns a request
@@ -122,7 +122,6 @@ def export(
             code="shared_model_export",
         )
     session.close()  # hold no connection while a worker builds the archive
-    from blade_service.broker import dispatch
 
     try:
         built = dispatch.export(

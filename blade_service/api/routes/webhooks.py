@@ -20,6 +20,7 @@ from blade_service.api.input_guard import SafeStr
 from blade_service.api.pagination import MAX_LIMIT, Cursor, Limit, Offset, Page, page_after
 from blade_service.api.schemas import ErrorOut
 from blade_service.persistence import auth, webhooks
+from blade_service.persistence.webhook_outbox import EVENTS
 
 router = APIRouter(prefix="/webhooks", tags=["webhooks"])
 
@@ -30,8 +31,8 @@ class WebhookIn(Schema):
     url: SafeStr = Field(min_length=1, max_length=2048, examples=["https://hooks.example.com/blade"])
     events: list[SafeStr] = Field(
         default_factory=list,
-        max_length=len(webhooks.EVENTS),
-        description=f"any of {sorted(webhooks.EVENTS.values())}; empty: every event",
+        max_length=len(EVENTS),
+        description=f"any of {sorted(EVENTS.values())}; empty: every event",
     )
     allow_loopback: bool = Field(
         default=False, description="send to a loopback address (only where the operator permits it)"

@@ -1,4 +1,5 @@
-"""The dashboard's Jinja2 environment and its filters (shared by the pages and the certificate route)."""
+"""The Jinja2 environment of `dashboard/templates` and its filters, shared by the dashboard's pages and the
+printable certificate (`routes/certificates.py`)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from fastapi.templating import Jinja2Templates
 
 from blade_service.persistence.convergence import converged
 
-HERE = Path(__file__).resolve().parent
-templates = Jinja2Templates(directory=str(HERE / "templates"))
+TEMPLATES_DIR = Path(__file__).resolve().parent / "dashboard" / "templates"
+templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
 
 
 def _ago(value: datetime | float | None) -> str:
