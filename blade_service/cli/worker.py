@@ -97,9 +97,7 @@ def run_worker(args: argparse.Namespace) -> int:
         )
     configure_logging(service="worker", level=args.loglevel or settings.log_level)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    from blade_service.worker.celery_app import (
-        app,  # lazy: celery and the task modules, for `blade worker` only
-    )
+    from blade_service.worker.celery_app import app  # lazy: celery and the task modules: blade worker only
 
     argv = worker_argv(
         queues=queues,
