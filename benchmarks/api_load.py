@@ -19,7 +19,7 @@ What it does, all on 127.0.0.1 and bounded in count and time:
    or `--requests` requests, whichever comes first, after a warm-up; prints a table, the ratios and the
    load average (the box may be shared: read the ratios, not the absolute figures).
 Nothing consumes the queued requests (no worker): the POST figure is the API's own cost, including the
-broker publish.
+broker publish (made once the 202 is sent: it counts in the server's CPU per request, not in the latency).
 """
 
 from __future__ import annotations
