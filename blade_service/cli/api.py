@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import argparse
 
-from blade_service.persistence.jsonlog import configure_logging
-from blade_service.persistence.settings import get_settings
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("api", help="the API process (uvicorn), configured by BLADE_* variables")
@@ -23,6 +20,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_api(args: argparse.Namespace) -> int:
     import uvicorn
+
+    from blade_service.persistence.jsonlog import configure_logging
+    from blade_service.persistence.settings import get_settings
 
     settings = get_settings()
     configure_logging(service="api", level=settings.log_level)

@@ -8,8 +8,6 @@ import shlex
 import sys
 from pathlib import Path
 
-from blade_service.cli.main import CliError
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -100,6 +98,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _floats(text: str, flag: str) -> tuple[float, ...]:
+    from blade_service.cli.main import CliError
+
     try:
         values = tuple(float(t) for t in text.split(",") if t.strip())
     except ValueError:
@@ -111,6 +111,7 @@ def _floats(text: str, flag: str) -> tuple[float, ...]:
 
 def run(args: argparse.Namespace) -> int:
     from blade_core import bench
+    from blade_service.cli.main import CliError
 
     if args.suite != "tofu":
         return _run_text(args)
@@ -230,6 +231,7 @@ def _run_text(args: argparse.Namespace) -> int:
     """`--suite muse|knowundo`: blade_core/bench/text.py."""
     from blade_core import bench
     from blade_core.bench.text import run_text_bench
+    from blade_service.cli.main import CliError
 
     if args.data is not None:
         raise CliError(f"--suite {args.suite} synthesises its own text world; --data is for --suite tofu")

@@ -19,12 +19,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from blade_service.cli.main import CliError
-from blade_service.persistence.certificates import verify_certificate
-from blade_service.persistence.settings import get_settings
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -43,6 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _read(path: Path) -> str:
+    from blade_service.cli.main import CliError
+
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -52,6 +48,8 @@ def _read(path: Path) -> str:
 
 
 def _keyset(doc: Any, where: str) -> dict[str, str]:
+    from blade_service.cli.main import CliError
+
     keys = doc.get("keys") if isinstance(doc, dict) else None
     if not isinstance(keys, list):
         raise CliError(f"{where}: not a certificate-keys document (no 'keys' list)")
@@ -59,6 +57,11 @@ def _keyset(doc: Any, where: str) -> dict[str, str]:
 
 
 def _published_keys(api_url: str | None) -> dict[str, str]:
+    import httpx
+
+    from blade_service.cli.main import CliError
+    from blade_service.persistence.settings import get_settings
+
     settings = get_settings()
     base = (api_url or settings.api_url or f"http://{settings.host}:{settings.port}").rstrip("/")
     url = f"{base}/certificate-keys"
@@ -73,6 +76,9 @@ def _published_keys(api_url: str | None) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from blade_service.cli.main import CliError
+    from blade_service.persistence.certificates import verify_certificate
+
     try:
         doc = json.loads(_read(args.file))
     except json.JSONDecodeError as exc:

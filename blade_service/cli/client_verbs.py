@@ -21,15 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
-from rich.console import Console
-
-from blade_service.cli import display
 from blade_service.cli.main import CliError
-from blade_service.client import TERMINAL_STATES, ApiError, BladeClient
-from blade_service.contracts.methods import CONFIGS
-from blade_service.contracts.params import from_text, tunable_fields
-from blade_service.persistence.settings import get_settings
 
 REQUEST_COLUMNS = ["id", "status", "base_model", "method", "progress", "adapter_id", "created_at"]
 ADAPTER_COLUMNS = ["id", "version", "state", "request_id", "method", "trained_on_stale", "created_at"]
@@ -200,17 +192,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _client(args: argparse.Namespace):
+    from blade_service.client import BladeClient
+    from blade_service.persistence.settings import get_settings
+
     settings = get_settings()
     url = args.url or settings.api_url or f"http://{settings.host}:{settings.port}"
     return BladeClient(url, api_key=args.key or settings.api_key)
 
 
 def _console(stderr: bool = False):
+    from rich.console import Console
+
     return Console(stderr=stderr, soft_wrap=False)
 
 
 def _call(args: argparse.Namespace, fn: Callable[[Any], Any]) -> Any:
     """Run `fn(client)`; API and network errors become one-paragraph CliErrors."""
+    import httpx
+
+    from blade_service.client import ApiError
+
     with _client(args) as client:
         try:
             return fn(client)
@@ -226,6 +227,8 @@ def _call(args: argparse.Namespace, fn: Callable[[Any], Any]) -> Any:
 def _show(
     args: argparse.Namespace, doc: Any, columns: list[str] | None = None, title: str | None = None
 ) -> None:
+    from blade_service.cli import display
+
     if getattr(args, "json", False):
         display.print_json(doc)
     elif isinstance(doc, list):
@@ -248,6 +251,8 @@ def _convergence_line(doc: Any) -> None:
 def _row(doc: dict[str, Any]) -> dict[str, Any]:
     """Table cells: a request's progress as text."""
     if isinstance(doc.get("progress"), dict):
+        from blade_service.cli import display
+
         return {**doc, "progress": display.progress_text(doc)}
     return doc
 
@@ -265,6 +270,9 @@ def _parse_sets(items: list[str], method: str | None = None) -> dict[str, Any]:
     """KEY=VALUE pairs as JSON values. With a `method`, a field of its config is read as `blade unlearn --set`
     reads it (`contracts.params.from_text`: `none`, `off`, `q_proj,v_proj`); anything else as JSON, else text.
     The API validates the result."""
+    from blade_service.contracts.methods import CONFIGS
+    from blade_service.contracts.params import from_text, tunable_fields
+
     fields = tunable_fields(CONFIGS[method]) if method in CONFIGS else {}
     params: dict[str, Any] = {}
     for item in items:
@@ -283,6 +291,8 @@ def _parse_sets(items: list[str], method: str | None = None) -> dict[str, Any]:
 
 def _watch(client: Any, request_id: str, *, timeout: float, quiet: bool) -> dict[str, Any]:
     """Poll until the request ends, drawing progress on stderr (unless `quiet`); the final state."""
+    from blade_service.cli import display
+
     watch = None if quiet else display.RunWatch(_console(stderr=True), request_id)
     newest: dict[str, Any] = {"record": None}
 
@@ -304,6 +314,8 @@ def _watch(client: Any, request_id: str, *, timeout: float, quiet: bool) -> dict
 
 def _finish(args: argparse.Namespace, client: Any, state: dict[str, Any]) -> dict[str, Any]:
     """After --wait: the summary table (or the JSON of the state and its metrics)."""
+    from blade_service.cli import display
+
     metrics = client.metrics(state["id"])
     if args.json:
         display.print_json({**state, "metrics": metrics})
@@ -368,6 +380,8 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def _events_table(records: list[dict[str, Any]], header: bool = True) -> None:
+    from blade_service.cli import display
+
     present = [c for c in display.EVENT_COLUMNS if any(c in r for r in records)] or ["step"]
     display.print_table(_console(), records, present, title="training dynamics" if header else None)
 
@@ -393,6 +407,7 @@ def run_cancel(args: argparse.Namespace) -> int:
 def run_events(args: argparse.Namespace) -> int:
     """The steps so far as a table (`--json`: a JSON list); `--follow`: then each new step as it comes (JSON
     Lines with `--json`) until the request ends."""
+    from blade_service.client import TERMINAL_STATES
 
     def show(records: list[dict[str, Any]], first: bool) -> None:
         if args.json:
@@ -425,6 +440,8 @@ def run_events(args: argparse.Namespace) -> int:
 
 
 def run_metrics(args: argparse.Namespace) -> int:
+    from blade_service.cli import display
+
     doc = _call(args, lambda c: c.metrics(args.request_id))
     if args.json:
         display.print_json(doc)
@@ -650,6 +667,8 @@ def run_audit(args: argparse.Namespace) -> int:
 
 
 def run_health(args: argparse.Namespace) -> int:
+    from blade_service.client import ApiError
+
     def go(client: Any) -> dict[str, Any]:
         try:
             return client.ready()

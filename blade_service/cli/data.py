@@ -12,8 +12,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from blade_service.cli.main import CliError
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     group = subparsers.add_parser("data", help="benchmark data: `blade data synth`")
@@ -39,6 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def synth(args: argparse.Namespace) -> int:
     from blade_core.synth import split_counts, write_world
+    from blade_service.cli.main import CliError
 
     if args.kind != "qa":
         return _synth_text(args)
@@ -61,6 +60,7 @@ def synth(args: argparse.Namespace) -> int:
 
 def _synth_text(args: argparse.Namespace) -> int:
     from blade_core.text_world import write_text_world
+    from blade_service.cli.main import CliError
 
     if args.out.exists() and not args.out.is_dir():
         raise CliError(f"--out {args.out}: exists and is not a directory")

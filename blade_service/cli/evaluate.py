@@ -15,8 +15,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from blade_service.cli.main import CliError
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -56,6 +54,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from blade_service.cli.main import CliError
+
     if not args.data.is_dir():
         raise CliError(f"--data {args.data}: no such directory")
     for flag, value in (

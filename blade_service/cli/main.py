@@ -1,8 +1,7 @@
 """The `blade` command: a thin dispatcher over one module per command group.
 
 Each module in `cli/` exposes `register(subparsers)`, adds its verbs and sets `func` on each parser.
-The engine (`blade_core`, torch), uvicorn and the Celery worker are imported inside the verbs that use
-them, so `blade --help` loads none of them.
+Heavy imports (torch, the web stack) happen inside the verbs, so `blade --help` stays fast.
 """
 
 from __future__ import annotations

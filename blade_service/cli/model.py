@@ -22,8 +22,6 @@ import json
 import sys
 from pathlib import Path
 
-from blade_service.cli.main import CliError
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     group = subparsers.add_parser("model", help="target and gold models: `blade model build`")
@@ -76,6 +74,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def build(args: argparse.Namespace) -> int:
+    from blade_service.cli.main import CliError
+
     if not args.data.is_dir():
         raise CliError(f"--data {args.data}: no such directory")
     from blade_core.build import build_model
@@ -144,6 +144,8 @@ def _build_text(args: argparse.Namespace, say) -> int:
 
 
 def compare(args: argparse.Namespace) -> int:
+    from blade_service.cli.main import CliError
+
     for flag, path in (("--data", args.data), ("--target", args.target), ("--gold", args.gold)):
         if path is not None and not path.is_dir():
             raise CliError(f"{flag} {path}: no such directory")

@@ -15,8 +15,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from blade_service.cli.main import CliError
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -67,6 +65,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """['tau=0.6', ...] -> {'tau': '0.6'}; values stay strings, the config builder converts them per field."""
+    from blade_service.cli.main import CliError
+
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -77,6 +77,8 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from blade_service.cli.main import CliError
+
     for flag, path in (("--forget", args.forget), ("--retain", args.retain)):
         if not path.is_file():
             raise CliError(f"{flag} {path}: no such file")

@@ -21,14 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from blade_service.cli.main import CliError
 from blade_service.cli.worker import EMBEDDED_QUEUES
-from blade_service.persistence import auth, base_models
-from blade_service.persistence.db import session_factory, session_scope, upgrade_to_head
-from blade_service.persistence.models import WorkerHeartbeat
-from blade_service.persistence.settings import Settings, get_settings
 
 DEMO_MODEL_NAME = "demo-tiny"
 ADMIN_KEY_FILE = "admin-key"  # under the data dir, mode 0600: the key `blade up` generated on first start
@@ -66,6 +60,9 @@ def _say(message: str) -> None:
 def _prepare(settings: Any, demo_model: Path | None, *, save_key: bool) -> tuple[Path, bool]:
     """Migrate the database, register demo-tiny, bootstrap the admin key and keep it in the key file when
     there is none yet (given or generated); (model dir, key file new?)."""
+    from blade_service.persistence import auth, base_models
+    from blade_service.persistence.db import session_factory, session_scope, upgrade_to_head
+
     data_dir = settings.data_dir
     _say(f"database: {settings.resolved_database_url()}")
     upgrade_to_head(settings.resolved_database_url())
@@ -124,6 +121,8 @@ def _admin_key(data_dir: Path, given: str | None) -> str:
 
 
 def _wait_http(url: str, procs: dict[str, subprocess.Popen], timeout: float) -> None:
+    import httpx
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for name, proc in procs.items():
@@ -142,6 +141,9 @@ def _wait_worker(
     settings: Any, name: str, procs: dict[str, subprocess.Popen], *, since: float, timeout: float
 ) -> None:
     """Until the worker's heartbeat row says it is consuming (written on Celery's worker_ready)."""
+    from blade_service.persistence.db import session_scope
+    from blade_service.persistence.models import WorkerHeartbeat
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for proc_name, proc in procs.items():
@@ -221,6 +223,8 @@ def _stop(procs: dict[str, subprocess.Popen], grace: float = 15.0) -> None:
 
 
 def run_up(args: argparse.Namespace) -> int:
+    from blade_service.persistence.settings import Settings, get_settings
+
     data_dir = args.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     given_key = get_settings().bootstrap_admin_key

@@ -11,9 +11,6 @@ import socket
 from pathlib import Path
 
 from blade_service.cli.main import CliError
-from blade_service.contracts.names import ALL_QUEUES, Queue
-from blade_service.persistence.jsonlog import configure_logging
-from blade_service.persistence.settings import get_settings
 
 EMBEDDED_QUEUES = "unlearn,inference,maintenance"
 
@@ -57,6 +54,8 @@ def worker_argv(
     schedule_file: Path | None = None,
 ) -> list[str]:
     """The `celery worker` arguments for one blade worker (pure: tests read them)."""
+    from blade_service.contracts.names import Queue
+
     if max_tasks_per_child is None and pool == "prefork" and Queue.UNLEARN.value in queues:
         max_tasks_per_child = 1  # GPU memory goes back to the driver after every training run
     if beat is None:
@@ -87,6 +86,10 @@ def worker_argv(
 
 
 def run_worker(args: argparse.Namespace) -> int:
+    from blade_service.contracts.names import ALL_QUEUES
+    from blade_service.persistence.jsonlog import configure_logging
+    from blade_service.persistence.settings import get_settings
+
     settings = get_settings()
     queues = [q.strip() for q in args.queues.split(",") if q.strip()]
     unknown = [q for q in queues if q not in ALL_QUEUES]
@@ -97,7 +100,7 @@ def run_worker(args: argparse.Namespace) -> int:
         )
     configure_logging(service="worker", level=args.loglevel or settings.log_level)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    from blade_service.worker.celery_app import app  # lazy: celery and the task modules: blade worker only
+    from blade_service.worker.celery_app import app
 
     argv = worker_argv(
         queues=queues,
