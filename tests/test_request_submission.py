@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -58,6 +59,13 @@ class World:
         return requests.submit_request(session, **(kwargs | overrides))
 
 
+def _world(url: str, tmp_path: Path) -> Iterator[World]:
+    upgrade_to_head(url)
+    engine = make_engine(url)
+    yield World(sessionmaker(engine, expire_on_commit=False), LocalStorage(tmp_path / "artifacts"))
+    engine.dispose()
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def world(request, tmp_path) -> Iterator[World]:
     url = (
@@ -65,10 +73,13 @@ def world(request, tmp_path) -> Iterator[World]:
         if request.param == "sqlite"
         else request.getfixturevalue("fresh_pg_url")
     )
-    upgrade_to_head(url)
-    engine = make_engine(url)
-    yield World(sessionmaker(engine, expire_on_commit=False), LocalStorage(tmp_path / "artifacts"))
-    engine.dispose()
+    yield from _world(url, tmp_path)
+
+
+@pytest.fixture
+def pg_world(fresh_pg_url, tmp_path) -> Iterator[World]:
+    """PostgreSQL only: SQLite serialises writers, so two submissions can never race there."""
+    yield from _world(fresh_pg_url, tmp_path)
 
 
 def test_requests_are_numbered_in_order_with_their_queue_positions(world):
@@ -126,9 +137,8 @@ def test_the_audit_entry_hash_is_the_chain_formula(world):
         assert entry.prev_hash == list(before)[-1]  # the dataset uploads were logged first
 
 
-def test_a_concurrent_retry_with_the_same_key_waits_and_returns_the_original(world):
-    if world.factory.kw["bind"].dialect.name != "postgresql":
-        pytest.skip("SQLite serialises writers: there is no concurrent submission")
+def test_a_concurrent_retry_with_the_same_key_waits_and_returns_the_original(pg_world):
+    world = pg_world
     first = world.factory()
     original, created, _ = world.submit(first, idempotency_key="race")  # holds the base model's lock
     assert created
