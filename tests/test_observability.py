@@ -273,7 +273,8 @@ def test_a_real_worker_serves_its_metrics(e2e, tmp_path):
 
     try:
         wait_until(lambda: metrics() is not None, 60, 0.3, "the worker's metrics port")
-        import time; time.sleep(8)
+        # A task published before the worker has bound its queue is dropped: wait for Celery's ready line.
+        wait_until(lambda: f"{queue}@test ready." in log.read_text(errors="replace"), 60, 0.3, "the worker")
         app = make_celery(
             Settings(
                 broker_url=e2e.env["BLADE_BROKER_URL"],
