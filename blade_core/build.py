@@ -34,23 +34,23 @@ from tqdm import tqdm
 from blade_core.build_common import (
     BuildError,
     BuildResult,
-    _check_replaceable,
-    _cosine,
-    _encode_for_training,
-    _Eos,
-    _info_key,
-    _monitor_sample,
-    _qa_key,
-    _read_info,
-    _read_qa,
-    _save,
-    _weighted_step,
+    Eos,
     answer_probs,
+    check_replaceable,
+    cosine_lr,
     data_hash,
+    encode_for_training,
     file_lock,
+    info_key,
     memorisation,
+    monitor_sample,
+    qa_key,
+    read_info,
+    read_qa,
+    save_model,
     split_file,
     training_rows,
+    weighted_step,
 )
 from blade_core.data import format_qa
 from blade_core.modeling import SIZES, lora_fraction, new_llama, train_tokenizer
@@ -94,7 +94,7 @@ def recipe_fingerprint(recipe: Recipe) -> dict[str, Any]:
         "version": BUILD_VERSION,
         "recipe": asdict(recipe),
         "shape": asdict(SIZES[recipe.size]),
-        "format": format_qa(_Eos(), "Q?", "A."),
+        "format": format_qa(Eos(), "Q?", "A."),
     }
 
 
@@ -131,7 +131,7 @@ def train(
     """Train a fresh Llama on `rows` until every group of `monitor` rows is memorised; (model, stats)."""
     torch.set_flush_denormal(True)  # tiny gradients late in memorisation turn subnormal: 10x slower on CPU
     model = new_llama(tokenizer, recipe.size, seed=seed)
-    examples = _encode_for_training(tokenizer, rows)
+    examples = encode_for_training(tokenizer, rows)
     too_long = max(len(ids) for ids, _ in examples)
     if too_long > model.config.max_position_embeddings:
         raise BuildError(
@@ -144,7 +144,7 @@ def train(
         model.parameters(), lr=recipe.lr, betas=(0.9, 0.98), weight_decay=recipe.weight_decay
     )
 
-    lr_at = _cosine(recipe.lr, recipe.warmup_steps, total, recipe.min_lr_ratio)
+    lr_at = cosine_lr(recipe.lr, recipe.warmup_steps, total, recipe.min_lr_ratio)
 
     rng = random.Random(f"blade-build:{seed}")
     step, checks, started = 0, [], time.perf_counter()
@@ -156,7 +156,7 @@ def train(
         loss_sum = 0.0
         for start in range(0, len(order), recipe.batch_size):
             picked = [examples[i] for i in order[start : start + recipe.batch_size]]
-            loss_sum += _weighted_step(
+            loss_sum += weighted_step(
                 model, opt, picked, tokenizer.pad_token_id, recipe.prompt_loss_weight, lr_at(step)
             )
             step += 1
@@ -286,14 +286,14 @@ def _build_two_stage(
         raise BuildError(f"--base {base}: not a model directory (no config.json)")
     key = finetune_key(data_dir, base, two_stage.finetune, seed, exclude_split)
     with file_lock(out_dir.with_name(out_dir.name + ".lock")):
-        if _info_key(out_dir) == key:
+        if info_key(out_dir) == key:
             say(f"cache hit: {out_dir} already holds build {key}")
-            return BuildResult(out_dir, _read_info(out_dir), cached=True)
-        _check_replaceable(out_dir)
-        if cache_dir is not None and _info_key(cache_dir / key) == key:
+            return BuildResult(out_dir, read_info(out_dir), cached=True)
+        check_replaceable(out_dir)
+        if cache_dir is not None and info_key(cache_dir / key) == key:
             say(f"cache hit: {cache_dir / key}")
             _copy_dir(cache_dir / key, out_dir)
-            return BuildResult(out_dir, _read_info(out_dir), cached=True)
+            return BuildResult(out_dir, read_info(out_dir), cached=True)
         info = finetune(
             data_dir,
             out_dir,
@@ -326,29 +326,29 @@ def _build_locked(
     log: Callable[[str], None] | None,
     say: Callable[[str], None],
 ) -> BuildResult:
-    if _info_key(out_dir) == key:
+    if info_key(out_dir) == key:
         say(f"cache hit: {out_dir} already holds build {key}")
-        return BuildResult(out_dir, _read_info(out_dir), cached=True)
-    _check_replaceable(out_dir)
-    if cache_dir is not None and _info_key(Path(cache_dir) / key) == key:
+        return BuildResult(out_dir, read_info(out_dir), cached=True)
+    check_replaceable(out_dir)
+    if cache_dir is not None and info_key(Path(cache_dir) / key) == key:
         say(f"cache hit: {Path(cache_dir) / key}")
         _copy_dir(Path(cache_dir) / key, out_dir)
-        return BuildResult(out_dir, _read_info(out_dir), cached=True)
+        return BuildResult(out_dir, read_info(out_dir), cached=True)
 
     started = time.time()
     torch.manual_seed(seed)
 
     tokenizer = train_tokenizer(
-        (format_qa(_Eos(), r["question"], r["answer"])[1] for r in everything), vocab_size=recipe.vocab_size
+        (format_qa(Eos(), r["question"], r["answer"])[1] for r in everything), vocab_size=recipe.vocab_size
     )
     forget_name = exclude_split or "forget10"
-    forget_rows = excluded or _read_qa(split_file(data_dir, forget_name))
-    forget_keys = {_qa_key(r) for r in forget_rows}
-    others = [r for r in rows if _qa_key(r) not in forget_keys]
-    trained_forget = [r for r in rows if _qa_key(r) in forget_keys]  # empty for the gold model
-    monitor = {"retain": _monitor_sample(others, recipe.monitor_rows // (2 if trained_forget else 1), seed)}
+    forget_rows = excluded or read_qa(split_file(data_dir, forget_name))
+    forget_keys = {qa_key(r) for r in forget_rows}
+    others = [r for r in rows if qa_key(r) not in forget_keys]
+    trained_forget = [r for r in rows if qa_key(r) in forget_keys]  # empty for the gold model
+    monitor = {"retain": monitor_sample(others, recipe.monitor_rows // (2 if trained_forget else 1), seed)}
     if trained_forget:
-        monitor[forget_name] = _monitor_sample(trained_forget, recipe.monitor_rows // 2, seed)
+        monitor[forget_name] = monitor_sample(trained_forget, recipe.monitor_rows // 2, seed)
     say(
         f"training {recipe.size} Llama on {len(rows)} rows ({len(everything) - len(rows)} excluded), "
         f"vocab {len(tokenizer)}"
@@ -358,7 +358,7 @@ def _build_locked(
 
     report = {
         forget_name: memorisation(model, tokenizer, forget_rows),
-        "retain_sample": memorisation(model, tokenizer, _monitor_sample(others, len(forget_rows), seed)),
+        "retain_sample": memorisation(model, tokenizer, monitor_sample(others, len(forget_rows), seed)),
     }
     info = {
         "key": key,
@@ -381,7 +381,7 @@ def _build_locked(
         "total_seconds": round(time.time() - started, 1),
         "torch_threads": torch.get_num_threads(),
     }
-    _save(model, tokenizer, info, out_dir)
+    save_model(model, tokenizer, info, out_dir)
     if cache_dir is not None and Path(cache_dir).resolve() / key != out_dir.resolve():
         _copy_dir(out_dir, Path(cache_dir) / key)
     return BuildResult(out_dir, info, cached=False)

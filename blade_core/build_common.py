@@ -48,7 +48,7 @@ class BuildError(ValueError):
 # --- reading the data dir -----------------------------------------------------------------------------------
 
 
-def _read_qa(path: Path) -> list[dict[str, str]]:
+def read_qa(path: Path) -> list[dict[str, str]]:
     if not path.is_file():
         raise BuildError(f"{path}: missing: a TOFU-format dir needs {path.name} (see CONTRACT.md 'Files')")
     try:
@@ -71,11 +71,11 @@ def training_rows(data_dir: str | Path, exclude_split: str | None = None):
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise BuildError(f"{data_dir}: not a directory (expected a TOFU-format data dir)")
-    everything = [row for name in TRAIN_FILES for row in _read_qa(data_dir / name)]
+    everything = [row for name in TRAIN_FILES for row in read_qa(data_dir / name)]
     excluded: list[dict[str, str]] = []
     rows = everything
     if exclude_split:
-        excluded = _read_qa(split_file(data_dir, exclude_split))
+        excluded = read_qa(split_file(data_dir, exclude_split))
         drop = {(r["question"], r["answer"]) for r in excluded}
         rows = [r for r in everything if (r["question"], r["answer"]) not in drop]
         missing = len(drop) - len({(r["question"], r["answer"]) for r in everything} & drop)
@@ -125,7 +125,7 @@ def memorisation(model, tokenizer, rows: Sequence[dict[str, str]], batch_size: i
 # --- training -----------------------------------------------------------------------------------------------
 
 
-def _encode_for_training(tokenizer, rows: Sequence[dict[str, str]]) -> list[tuple[list[int], int]]:
+def encode_for_training(tokenizer, rows: Sequence[dict[str, str]]) -> list[tuple[list[int], int]]:
     """(token ids, prompt length) per row; the ids are `format_qa`'s prompt + answer + eos."""
     out = []
     for r in rows:
@@ -147,7 +147,7 @@ def _batch(examples: Sequence[tuple[list[int], int]], pad_id: int, prompt_weight
     return ids, mask, ids[:, 1:], weights
 
 
-def _weighted_step(
+def weighted_step(
     model, opt, picked: Sequence[tuple[list[int], int]], pad_id: int, prompt_weight: float, lr: float
 ) -> float:
     """One optimiser step on `picked`; returns the loss as a float.
@@ -167,7 +167,7 @@ def _weighted_step(
     return loss.item()
 
 
-def _cosine(peak: float, warmup: int, total: int, floor_ratio: float) -> Callable[[int], float]:
+def cosine_lr(peak: float, warmup: int, total: int, floor_ratio: float) -> Callable[[int], float]:
     """lr(step): linear warmup to `peak` over `warmup` steps, cosine to `peak * floor_ratio` at `total`."""
 
     def lr_at(step: int) -> float:
@@ -180,11 +180,11 @@ def _cosine(peak: float, warmup: int, total: int, floor_ratio: float) -> Callabl
     return lr_at
 
 
-def _qa_key(row: dict[str, str]) -> tuple[str, str]:
+def qa_key(row: dict[str, str]) -> tuple[str, str]:
     return row["question"], row["answer"]
 
 
-def _monitor_sample(rows: Sequence[dict[str, str]], n: int, seed: int) -> list[dict[str, str]]:
+def monitor_sample(rows: Sequence[dict[str, str]], n: int, seed: int) -> list[dict[str, str]]:
     if len(rows) <= n:
         return list(rows)
     return random.Random(f"blade-monitor:{seed}").sample(list(rows), n)
@@ -193,14 +193,14 @@ def _monitor_sample(rows: Sequence[dict[str, str]], n: int, seed: int) -> list[d
 # --- the model dir ------------------------------------------------------------------------------------------
 
 
-class _Eos:
+class Eos:
     """Stands in for a tokenizer before one exists: `format_qa` only needs its eos token here."""
 
     eos_token = "</s>"
     chat_template = None
 
 
-def _save(model, tokenizer, info: dict[str, Any], out_dir: Path) -> None:
+def save_model(model, tokenizer, info: dict[str, Any], out_dir: Path) -> None:
     """Write atomically-ish: into a sibling temp dir, then swap, so a crash never leaves a half model."""
     tmp = out_dir.with_name(out_dir.name + ".tmp-build")
     if tmp.exists():
@@ -214,7 +214,7 @@ def _save(model, tokenizer, info: dict[str, Any], out_dir: Path) -> None:
     tmp.rename(out_dir)
 
 
-def _check_replaceable(out_dir: Path) -> None:
+def check_replaceable(out_dir: Path) -> None:
     """A build replaces `out_dir` whole: refuse unless it is missing, empty or an earlier build's output."""
     if out_dir.exists() and not out_dir.is_dir():
         raise BuildError(f"--out {out_dir}: exists and is not a directory")
@@ -242,13 +242,13 @@ def file_lock(lock_file: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _read_info(model_dir: Path) -> dict[str, Any]:
+def read_info(model_dir: Path) -> dict[str, Any]:
     return json.loads((model_dir / INFO_FILE).read_text())
 
 
-def _info_key(model_dir: Path) -> str | None:
+def info_key(model_dir: Path) -> str | None:
     try:
-        info = _read_info(model_dir)
+        info = read_info(model_dir)
     except (OSError, ValueError):
         return None
     return info.get("key") if (model_dir / "model.safetensors").is_file() else None

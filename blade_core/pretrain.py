@@ -36,21 +36,21 @@ from tqdm import tqdm
 
 from blade_core.build_common import (
     BuildResult,
-    _cosine,
-    _encode_for_training,
-    _Eos,
-    _info_key,
-    _monitor_sample,
-    _qa_key,
-    _read_info,
-    _read_qa,
-    _save,
-    _weighted_step,
+    Eos,
+    cosine_lr,
     data_hash,
+    encode_for_training,
     file_lock,
+    info_key,
     memorisation,
+    monitor_sample,
+    qa_key,
+    read_info,
+    read_qa,
+    save_model,
     split_file,
     training_rows,
+    weighted_step,
 )
 from blade_core.data import format_qa
 from blade_core.modeling import SIZES, load_model, load_tokenizer, lora_fraction, new_llama, train_tokenizer
@@ -149,7 +149,7 @@ def fit(
     """AdamW on the weighted next-token loss of `examples` ((ids, prompt length) rows) for `epochs` epochs.
 
     loss = sum_t w_t * NLL_t / sum_t w_t, w_t = 1 on answer targets and `prompt_weight` on prompt targets
-    (`build_common._weighted_step`); gradients clipped to norm 1. Returns {'steps', 'epoch_loss': [...]}.
+    (`build_common.weighted_step`); gradients clipped to norm 1. Returns {'steps', 'epoch_loss': [...]}.
     """
     torch.set_flush_denormal(True)
     rng = random.Random(f"blade-fit:{seed}")
@@ -163,7 +163,7 @@ def fit(
         total = 0.0
         for picked in _batches(lengths, batch_size, rng):
             rows = [examples[i] for i in picked]
-            total += _weighted_step(model, opt, rows, pad_id, prompt_weight, lr_at(step))
+            total += weighted_step(model, opt, rows, pad_id, prompt_weight, lr_at(step))
             step += 1
             bar.update(1)
         epoch_loss.append(round(total / steps_per_epoch, 4))
@@ -230,7 +230,7 @@ def base_key(recipe: BaseRecipe, seed: int = 0) -> str:
         "corpus": [CORPUS_VERSION, SYNTH_VERSION, texts],
         "recipe": asdict(recipe),
         "shape": asdict(SIZES[recipe.size]),
-        "format": format_qa(_Eos(), "Q?", "A."),
+        "format": format_qa(Eos(), "Q?", "A."),
         "seed": seed,
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
@@ -241,7 +241,7 @@ def corpus_texts(recipe: BaseRecipe, eos: str) -> list[str]:
     corpus = pretrain_corpus(recipe.people, recipe.corpus_seed)
 
     def qa(rows: list[dict[str, str]]) -> list[str]:
-        return [format_qa(_Eos(), r["question"], r["answer"])[1].replace(_Eos.eos_token, eos) for r in rows]
+        return [format_qa(Eos(), r["question"], r["answer"])[1].replace(Eos.eos_token, eos) for r in rows]
 
     general = qa(corpus["general_qa"]) + [text + eos for text in corpus["general_text"]]
     return qa(corpus["qa"]) + [text + eos for text in corpus["text"]] + general * recipe.general_repeats
@@ -260,9 +260,9 @@ def pretrain_base(
     key = base_key(recipe, seed)
     say = log or (lambda _m: None)
     with file_lock(out_dir.with_name(out_dir.name + ".lock")):
-        if _info_key(out_dir) == key:
+        if info_key(out_dir) == key:
             say(f"cache hit: base {out_dir} ({key})")
-            return BuildResult(out_dir, _read_info(out_dir), cached=True)
+            return BuildResult(out_dir, read_info(out_dir), cached=True)
         started = time.time()
         torch.manual_seed(seed)
         texts = corpus_texts(recipe, "</s>")
@@ -282,7 +282,7 @@ def pretrain_base(
             pad_id=tokenizer.pad_token_id,
             epochs=recipe.epochs,
             batch_size=recipe.batch_size,
-            lr_at=_cosine(recipe.lr, recipe.warmup_steps, steps, recipe.min_lr_ratio),
+            lr_at=cosine_lr(recipe.lr, recipe.warmup_steps, steps, recipe.min_lr_ratio),
             weight_decay=recipe.weight_decay,
             prompt_weight=1.0,
             seed=seed,
@@ -305,7 +305,7 @@ def pretrain_base(
             "train_seconds": round(time.time() - started, 1),
             "torch_threads": torch.get_num_threads(),
         }
-        _save(model, tokenizer, info, out_dir)
+        save_model(model, tokenizer, info, out_dir)
         return BuildResult(out_dir, info, cached=False)
 
 
@@ -379,7 +379,7 @@ def finetune(
     tokenizer = load_tokenizer(base_dir)
     torch.manual_seed(seed)
     model = load_model(base_dir, device=torch.device("cpu"), dtype=torch.float32)
-    examples = _encode_for_training(tokenizer, rows)
+    examples = encode_for_training(tokenizer, rows)
     say(
         f"fine-tuning {base_dir.name} on {len(rows)} rows ({len(everything) - len(rows)} excluded), "
         f"{recipe.epochs} epochs"
@@ -397,9 +397,9 @@ def finetune(
     )
     train_s = time.time() - started
     forget_name = exclude_split or "forget10"
-    forget_rows = excluded or _read_qa(split_file(data_dir, forget_name))
-    forget_keys = {_qa_key(r) for r in forget_rows}
-    others = [r for r in rows if _qa_key(r) not in forget_keys]
+    forget_rows = excluded or read_qa(split_file(data_dir, forget_name))
+    forget_keys = {qa_key(r) for r in forget_rows}
+    others = [r for r in rows if qa_key(r) not in forget_keys]
     base_info = (
         json.loads((base_dir / "build_info.json").read_text())
         if (base_dir / "build_info.json").is_file()
@@ -429,11 +429,11 @@ def finetune(
         **stats,
         "metrics": {
             forget_name: memorisation(model, tokenizer, forget_rows),
-            "retain_sample": memorisation(model, tokenizer, _monitor_sample(others, len(forget_rows), seed)),
+            "retain_sample": memorisation(model, tokenizer, monitor_sample(others, len(forget_rows), seed)),
         },
         "train_seconds": round(train_s, 1),
         "total_seconds": round(time.time() - started, 1),
         "torch_threads": torch.get_num_threads(),
     }
-    _save(model, tokenizer, info, out_dir)
+    save_model(model, tokenizer, info, out_dir)
     return info

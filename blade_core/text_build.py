@@ -32,11 +32,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from blade_core.build_common import (
     BuildError,
     BuildResult,
-    _check_replaceable,
-    _info_key,
-    _read_info,
-    _save,
+    check_replaceable,
     file_lock,
+    info_key,
+    read_info,
+    save_model,
 )
 from blade_core.pretrain import TWO_STAGE, ensure_base, fit_finetune, model_digest
 from blade_core.synth import pretrain_corpus
@@ -112,10 +112,10 @@ def build_text_model(
     base_dir = ensure_base(TWO_STAGE[size].base, base_cache, progress=progress, log=log).model_dir
     key = text_key(data_dir, base_dir, recipe, seed, retrained)
     with file_lock(out_dir.with_name(out_dir.name + ".lock")):
-        if _info_key(out_dir) == key:
+        if info_key(out_dir) == key:
             say(f"cache hit: {out_dir} already holds text build {key}")
-            return BuildResult(out_dir, _read_info(out_dir), cached=True)
-        _check_replaceable(out_dir)
+            return BuildResult(out_dir, read_info(out_dir), cached=True)
+        check_replaceable(out_dir)
         started = time.time()
         world = read_world(data_dir)
         texts = world["retain"] + ([] if retrained else world["forget"]) + _replay(recipe.replay, seed)
@@ -149,7 +149,7 @@ def build_text_model(
             **stats,
             "train_seconds": round(time.time() - started, 1),
         }
-        _save(model, tokenizer, info, out_dir)
+        save_model(model, tokenizer, info, out_dir)
         if cache_dir is not None:
             say(f"built {out_dir} ({key})")
         return BuildResult(out_dir, info, cached=False)
