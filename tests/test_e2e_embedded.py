@@ -11,10 +11,10 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -127,15 +127,11 @@ def test_blade_up_serves_a_request_end_to_end(tiny_model_dir, tmp_path):
         # Ctrl-C: everything stops, cleanly.
         os.killpg(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=60) == 0, "".join(output)[-3000:]
-        deadline = time.monotonic() + 10
-        import socket
 
-        while time.monotonic() < deadline:
+        def port_closed() -> bool:
             with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) != 0:
-                    break
-            time.sleep(0.2)
-        else:
-            pytest.fail("the API still listens after Ctrl-C")
+                return s.connect_ex(("127.0.0.1", port)) != 0
+
+        wait_until(port_closed, 10, 0.2, "the API to stop listening after Ctrl-C")
     finally:
         stop_process(proc, signal.SIGINT, timeout=30)
