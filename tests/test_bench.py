@@ -16,10 +16,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from blade_core import bench
 from blade_core.bench import run as bench_run
-from blade_core.bench.selection import choose
+from blade_core.bench.selection import beyond_edge, choose
 from blade_service.cli.main import main
 
 CONTRACT_ROW_KEYS = {
@@ -92,6 +93,8 @@ def _bench(small_world, validation_world, out, *extra):
             "forget10",
             "--lr-grid",
             "0.5,2",
+            "--lr-grid-extend",
+            "1",
             "--methods",
             "grad_diff,pdu",
             "--splits",
@@ -138,12 +141,19 @@ def test_bench_selects_on_the_validation_world_then_reports_on_the_test_world(
         selection["grid"] == [0.5, 2.0] and selection["world_seed"] == 0 and selection["split"] == "forget10"
     )
     assert set(selection["chosen"]) == {"grad_diff", "pdu"}
+    expected_runs = []
     for method, chosen in selection["chosen"].items():
-        hms = selection["validation_hm"][method]
-        assert set(hms) == {"0.5", "2"} and chosen == choose({float(m): hm for m, hm in hms.items()})
+        hms = {float(m): hm for m, hm in selection["validation_hm"][method].items()}
+        assert chosen == choose(hms)
+        # a two-point grid's best is always on an edge: --lr-grid-extend 1 tries one step (x4) past it
+        on_grid = choose({m: hms[m] for m in (0.5, 2.0)})
+        extra = {0.5: [0.125], 2.0: [8.0]}.get(on_grid, [])
+        assert sorted(hms) == sorted([0.5, 2.0, *extra])
+        assert selection["extended"].get(method, []) == extra
+        expected_runs += [f"lr-x{m:g}" for m in hms]
     assert results["test_world_seeds"] == [0]
     selection_runs = sorted(p.parent.name for p in (out / "selection" / "runs").rglob("row.json"))
-    assert selection_runs == ["lr-x0.5", "lr-x0.5", "lr-x2", "lr-x2"]
+    assert selection_runs == sorted(expected_runs)
 
     rows = results["rows"]
     assert [(r["method"], r["split"], r["seed"]) for r in rows] == [
@@ -198,6 +208,40 @@ def test_selection_picks_the_best_validation_hm_and_breaks_ties_towards_the_rule
     assert choose({0.25: None, 1.0: float("nan")}) == 1.0
     assert bench.seed_list(5) == [42, 123, 456, 789, 1024] and bench.seed_list(1) == [42]
     assert bench.PRESETS["default"].seeds == 5 and len(bench.PRESETS["default"].lr_grid) == 5
+
+
+def test_the_edge_rule_extends_the_grid_only_past_an_edge_that_holds_the_best():
+    grid = (0.25, 0.5, 1.0, 2.0, 4.0)
+    assert beyond_edge({0.25: 0.1, 0.5: 0.3, 1.0: 0.5, 2.0: 0.4, 4.0: 0.0}, grid, 2) is None
+    assert beyond_edge({0.25: 0.1, 0.5: 0.2, 1.0: 0.3, 2.0: 0.3, 4.0: 0.4}, grid, 2) == 8.0
+    assert beyond_edge({0.25: 0.5, 0.5: 0.3, 1.0: 0.0, 2.0: 0.0, 4.0: 0.0}, grid, 2) == 0.125
+    # past the edge: again while the best stays on the new edge, at most `limit` points per side
+    assert beyond_edge({0.125: 0.6, 0.25: 0.5, 0.5: 0.3, 1.0: 0.0}, grid, 2) == 0.0625
+    assert beyond_edge({0.0625: 0.7, 0.125: 0.6, 0.25: 0.5, 0.5: 0.3}, grid, 2) is None
+    assert beyond_edge({0.125: 0.4, 0.25: 0.5, 0.5: 0.3, 1.0: 0.0}, grid, 2) is None  # bracketed now
+    assert beyond_edge({0.25: 0.5, 0.5: 0.3}, grid, 0) is None
+    assert beyond_edge({0.25: None, 4.0: None}, grid, 2) is None  # nothing finite: the rule's value, 1
+
+
+def test_parallel_runs_make_the_sequential_runs(small_world, validation_world, tmp_path, monkeypatch, capsys):
+    """--jobs 2 spreads the selection and the test grid over two spawned processes and gets the rows one
+    process gets, in the same order (both on one torch thread, so the arithmetic is the same)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the children's thread count
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert _bench(small_world, validation_world, tmp_path / "one") == 0
+        capsys.readouterr()
+        assert _bench(small_world, validation_world, tmp_path / "two", "--jobs", "2") == 0
+    finally:
+        torch.set_num_threads(threads)
+    err = capsys.readouterr().err
+    assert "4 runs on 2 processes" in err and "2 runs on 2 processes" in err  # selection grid, test grid
+    one, two = (json.loads((tmp_path / name / "results.json").read_text()) for name in ("one", "two"))
+    assert two["selection"]["validation_hm"] == one["selection"]["validation_hm"]
+    assert two["selection"]["chosen"] == one["selection"]["chosen"]
+    same = (*sorted(CONTRACT_ROW_KEYS - {"time_s", "peak_mem_mb"}), "status", "lr_multiplier")
+    assert [[r[k] for k in same] for r in two["rows"]] == [[r[k] for k in same] for r in one["rows"]]
 
 
 def test_bench_rejects_unknown_methods_and_splits(small_world, tmp_path, capsys):

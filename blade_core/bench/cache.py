@@ -13,7 +13,14 @@ from blade_core.bench.one_run import _run_dir, run_one
 from blade_core.bench.settings import RESULTS_VERSION, BenchPlan, Log
 
 # settings that change which runs a bench makes, not what one run computes (kept out of the cache key)
-_PLAN_ONLY_SETTINGS = ("seeds", "lr_grid", "validation_world_seed", "selection_split", "sequential_split")
+_PLAN_ONLY_SETTINGS = (
+    "seeds",
+    "lr_grid",
+    "lr_grid_extend",
+    "validation_world_seed",
+    "selection_split",
+    "sequential_split",
+)
 
 
 def _fingerprint(
@@ -44,16 +51,32 @@ def cached_run(
     tag: str = "",
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """run_one's (row, history), reused from the run dir when an identical run was made before."""
+    cached = cached_result(plan, method, split, seed, multiplier=multiplier, tag=tag)
+    if cached is not None:
+        return cached
+    out = run_one(plan, method, split, seed, gold_ref, log, multiplier=multiplier, tag=tag)
     run_dir = _run_dir(plan, method, split, seed, tag)
     fingerprint = _fingerprint(plan, method, multiplier)
-    builds = _builds(plan, split)
-    cached = _read_json(run_dir / "row.json")
-    if cached is not None and cached.get("fingerprint") == fingerprint and cached.get("builds") == builds:
-        return cached["row"], _read_json(run_dir / "history.json") or []
-    out = run_one(plan, method, split, seed, gold_ref, log, multiplier=multiplier, tag=tag)
     _write_json(run_dir / "history.json", out["history"])
-    _write_json(run_dir / "row.json", {"fingerprint": fingerprint, "builds": builds, "row": out["row"]})
+    _write_json(
+        run_dir / "row.json", {"fingerprint": fingerprint, "builds": _builds(plan, split), "row": out["row"]}
+    )
     return out["row"], out["history"]
+
+
+def cached_result(
+    plan: BenchPlan, method: str, split: str, seed: int, *, multiplier: float | None = None, tag: str = ""
+) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """The (row, history) an identical earlier run left in its run dir, else None."""
+    run_dir = _run_dir(plan, method, split, seed, tag)
+    cached = _read_json(run_dir / "row.json")
+    if (
+        cached is not None
+        and cached.get("fingerprint") == _fingerprint(plan, method, multiplier)
+        and cached.get("builds") == _builds(plan, split)
+    ):
+        return cached["row"], _read_json(run_dir / "history.json") or []
+    return None
 
 
 def _builds(plan: BenchPlan, split: str) -> dict[str, str | None]:

@@ -175,14 +175,16 @@ def render_selection(selection: dict[str, Any] | None, factor: float | None) -> 
         return [rule, ""]
     if selection.get("skipped"):
         return [rule, "", f"No selection: {selection['skipped']}.", ""]
-    grid = [f"{m:g}" for m in selection["grid"]]
+    # the grid, plus any point the edge rule tried for some method ("" in the others' cells)
+    tried = {float(m) for hms in selection["validation_hm"].values() for m in hms}
+    grid = [f"{m:g}" for m in sorted(tried | {float(m) for m in selection["grid"]})]
     lines = [
         rule,
         "",
         "## Learning-rate multipliers chosen on the validation world",
         "",
         f"Validation world seed {selection['world_seed']} (never reported), split {selection.get('split')}, "
-        f"seed {selection.get('seed')}; the same grid and budget for every method; "
+        f"seed {selection.get('seed')}; the same grid and rule for every method; "
         f"{selection.get('rule', '')}.",
         "",
         "| Method | chosen | " + " | ".join(f"HM at x{g}" for g in grid) + " |",
@@ -190,7 +192,10 @@ def render_selection(selection: dict[str, Any] | None, factor: float | None) -> 
     ]
     for method, chosen in selection["chosen"].items():
         hms = selection["validation_hm"].get(method, {})
-        cells = [(f"**{_fmt(hms.get(g), 3)}**" if float(g) == chosen else _fmt(hms.get(g), 3)) for g in grid]
+        cells = [
+            "" if g not in hms else f"**{_fmt(hms[g], 3)}**" if float(g) == chosen else _fmt(hms[g], 3)
+            for g in grid
+        ]
         lines.append(f"| {method} | x{chosen:g} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 

@@ -12,10 +12,11 @@ from typing import Any
 from tqdm.auto import tqdm
 from transformers.utils import logging as hf_logging
 
-from blade_core.bench.cache import _builds, _read_json, _write_json, cached_run, world_seed_of
+from blade_core.bench.cache import _builds, _read_json, _write_json, world_seed_of
 from blade_core.bench.measure import machine
 from blade_core.bench.models import _load
 from blade_core.bench.one_run import evaluate
+from blade_core.bench.parallel import RunSpec, run_all
 from blade_core.bench.report import render_markdown, write_plots
 from blade_core.bench.selection import select_multipliers
 from blade_core.bench.settings import ROW_KEYS, BenchPlan, Log
@@ -92,14 +93,17 @@ def run_bench(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
         rows = run_streams(plan, say)
     else:
         refs, reference_rows = reference_evals(plan, log)
-        grid = [(m, sp, sd) for sp in plan.splits for sd in plan.seeds for m in plan.methods]
-        bar = tqdm(grid, desc="bench", unit="run", disable=not plan.progress)
-        for method, split, seed in bar:
-            bar.set_postfix_str(f"{method} {split} seed {seed}")
-            row, history = cached_run(plan, method, split, seed, refs.get(split), say)
+        specs = [
+            RunSpec(plan, m, sp, sd, gold_ref=refs.get(sp))
+            for sp in plan.splits
+            for sd in plan.seeds
+            for m in plan.methods
+        ]
+        for spec, (row, history) in zip(
+            specs, run_all(specs, jobs=plan.jobs, log=say, desc="bench", progress=plan.progress), strict=True
+        ):
             rows.append(row)
-            histories[(method, split, seed)] = history
-        bar.close()
+            histories[(spec.method, spec.split, spec.seed)] = history
     extra_keys = (
         "status",
         "lr_multiplier",

@@ -1,11 +1,15 @@
-"""Learning rates chosen without touching the reported world: an equal-budget selection on a validation world.
+"""Learning rates chosen without touching the reported world: one selection rule, on a validation world.
 
 The engine's LR rule (`blade_core/lr_scale.py`) gives every method a starting point. On a separate world with
 its own seed (synthesised and cached like the test world, never reported), every method runs once per
 multiplier of the same grid (`BenchSettings.lr_grid`, log-spaced around the rule's value 1.0), on the same
 split (`selection_split`), with the same seed (the bench's first) and the same schedule it will run on the
 test world; each method keeps the multiplier with the highest HM there (ties: the one nearest the rule's
-value). Only then does the bench open the test world. The selection needs no gold model (HM does not use one).
+value). A method whose best HM sits on the grid's outermost point would be judged on a grid that did not
+bracket it, so it also tries the next point one grid step further out, and again while the best stays on
+the new edge, up to `BenchSettings.lr_grid_extend` points per side: the same rule for every method, which
+spends the extra runs only where the grid fell short. Only then does the bench open the test world. The
+selection needs no gold model (HM does not use one).
 
     blade bench --synthetic --quick --out out/bench-quick   # results.json "selection"
 """
@@ -13,10 +17,12 @@ value). Only then does the bench open the test world. The selection needs no gol
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from blade_core.bench.cache import cached_run, world_seed_of
+from blade_core.bench.cache import world_seed_of
+from blade_core.bench.parallel import RunSpec, run_all
 from blade_core.bench.settings import BenchPlan, Log
 
 
@@ -34,6 +40,21 @@ def choose(hm_by_multiplier: dict[float, float | None]) -> float:
         return 1.0
     best = max(finite.values())
     return min((m for m, hm in finite.items() if hm >= best - 1e-12), key=lambda m: abs(math.log(m)))
+
+
+def beyond_edge(hms: dict[float, float | None], grid: Sequence[float], limit: int) -> float | None:
+    """The next multiplier past the grid's edge when the best validation HM so far sits on the outermost
+    point tried: the edge point divided (low side) or multiplied (high side) by the grid's step there, at
+    most `limit` points past either end of `grid`; None when the best is inside (or the limit is reached)."""
+    if limit < 1 or len(grid) < 2:
+        return None
+    points, tried, best = sorted(grid), sorted(hms), choose(hms)
+    past_low, past_high = sum(m < points[0] for m in tried), sum(m > points[-1] for m in tried)
+    if best == tried[0] and best <= points[0] and past_low < limit:
+        return best / (points[1] / points[0])
+    if best == tried[-1] and best >= points[-1] and past_high < limit:
+        return best * (points[-1] / points[-2])
+    return None
 
 
 def validation_plan(plan: BenchPlan) -> BenchPlan:
@@ -73,14 +94,20 @@ def select_multipliers(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
         f"selecting learning-rate multipliers {grid} on the validation world {vplan.data_dir} "
         f"({split}, seed {seed})"
     )
-    hms: dict[str, dict[float, float | None]] = {}
-    for method in plan.methods:
-        hms[method] = {}
-        for multiplier in grid:
-            row, _ = cached_run(
-                vplan, method, split, seed, None, log, multiplier=multiplier, tag=multiplier_tag(multiplier)
-            )
-            hms[method][multiplier] = row.get("HM")
+    hms: dict[str, dict[float, float | None]] = {method: {} for method in plan.methods}
+    todo = [(method, m) for method in plan.methods for m in grid]
+    limit = plan.settings.lr_grid_extend
+    while todo:
+        specs = [
+            RunSpec(vplan, method, split, seed, multiplier=m, tag=multiplier_tag(m)) for method, m in todo
+        ]
+        done = run_all(specs, jobs=plan.jobs, log=log, desc="selection", progress=plan.progress)
+        for (method, m), (row, _) in zip(todo, done, strict=True):
+            hms[method][m] = row.get("HM")
+        # each round moves every method whose best sits on an edge one grid step further out
+        todo = [(method, m) for method in plan.methods if (m := beyond_edge(hms[method], grid, limit))]
+        if todo:
+            log("best validation HM on the grid's edge; trying " + ", ".join(f"{a} x{m:g}" for a, m in todo))
     chosen = {method: choose(hms[method]) for method in plan.methods}
     log("chosen LR multipliers: " + ", ".join(f"{m} x{v:g}" for m, v in chosen.items()))
     return {
@@ -89,10 +116,14 @@ def select_multipliers(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
         else world_seed_of(plan.validation.data_dir),
         "grid": grid,
         "chosen": chosen,
-        "validation_hm": {m: {f"{k:g}": v for k, v in by.items()} for m, by in hms.items()},
+        "validation_hm": {m: {f"{k:g}": v for k, v in sorted(by.items())} for m, by in hms.items()},
+        "extended": {
+            m: [v for v in sorted(by) if v not in grid] for m, by in hms.items() if set(by) - set(grid)
+        },
         "split": split,
         "seed": seed,
-        "rule": "argmax validation HM; ties to the multiplier nearest 1 (the LR rule's value)",
+        "rule": "argmax validation HM; ties to the multiplier nearest 1 (the LR rule's value); a best on the "
+        f"grid's edge tries the next grid step past it, up to {limit} per side",
         "lr_factor": vplan.lr_scale,  # the validation target's own factor
         "data_dir": str(plan.validation.data_dir),
         "target": str(plan.validation.target),

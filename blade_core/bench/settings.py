@@ -60,6 +60,7 @@ class BenchSettings:
     # Multipliers of the rule's learning rates tried on the validation world, the same for every method:
     # log-spaced around the rule's value (1.0).
     lr_grid: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)
+    lr_grid_extend: int = 2  # points tried past either edge of lr_grid when the best sits on it
     sequential_split: str = "forget10"  # `--sequential`/`--scale` draw their author sets from this split
 
 
@@ -104,6 +105,7 @@ class BenchPlan:
     multipliers: dict[str, float] = field(default_factory=dict)  # method -> chosen LR multiplier (default 1)
     sequential: int | None = None  # `--sequential N`: N stacked requests instead of the splits grid
     scales: list[int] = field(default_factory=list)  # `--scale 1,2,4`: forget-set multiples
+    jobs: int = 1  # `--jobs N`: runs made side by side in N processes (parallel.py)
 
     @property
     def lr_scale(self) -> float:

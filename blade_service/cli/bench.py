@@ -4,6 +4,7 @@ world, or the sequential / scaled experiments (blade_core.bench: selection.py, s
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -49,6 +50,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--lr-grid", help="LR multipliers the selection tries, e.g. 0.25,0.5,1,2,4 (default: the preset's)"
     )
     p.add_argument(
+        "--lr-grid-extend",
+        type=int,
+        help="points the selection tries past an edge of the grid when the best HM sits on it (default 2; 0: "
+        "the grid only)",
+    )
+    p.add_argument(
         "--selection-split", help="the validation world's split for the selection (default forget05)"
     )
     p.add_argument(
@@ -84,6 +91,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=Path,
         default=Path(".cache/bench"),
         help="where synthesised worlds and built models are kept (default: .cache/bench)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs made side by side, each in its own process with an equal share of the CPU threads "
+        "(default 1; 0: one per CPU core)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument(
@@ -129,6 +143,10 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise CliError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+    if args.lr_grid_extend is not None and args.lr_grid_extend < 0:
+        raise CliError(f"--lr-grid-extend must be 0 or a positive integer, got {args.lr_grid_extend}")
+    if args.jobs < 0:
+        raise CliError(f"--jobs must be 0 (one per CPU core) or a positive integer, got {args.jobs}")
     scales = [int(v) for v in _floats(args.scale, "--scale")] if args.scale else []
     if args.scale and any(v != int(v) for v in _floats(args.scale, "--scale")):
         raise CliError(f"--scale {args.scale!r}: expected whole multiples, e.g. 1,2,4")
@@ -145,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
             lr_scale=args.lr_scale,
             lr_grid=_floats(args.lr_grid, "--lr-grid") if args.lr_grid else None,
             selection_split=args.selection_split,
+            lr_grid_extend=args.lr_grid_extend,
         )
     except ValueError as exc:
         raise CliError(str(exc)) from None
@@ -218,6 +237,7 @@ def run(args: argparse.Namespace) -> int:
         validation=validation,
         sequential=args.sequential,
         scales=scales,
+        jobs=args.jobs or os.cpu_count() or 1,
     )
     try:
         bench.run_bench(plan, log)

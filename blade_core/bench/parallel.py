@@ -1,0 +1,119 @@
+"""`--jobs N`: a bench's independent runs (the selection grid, the test grid) spread over N worker processes.
+
+Every run loads its own copy of the target, trains, evaluates and writes its own run dir, so runs share
+nothing but the read-only models and data. Runs already cached are answered in the calling process; the rest
+go to a pool of spawned processes, each with an equal share of the CPU's threads (unless OMP_NUM_THREADS
+says otherwise). Results come back in the order of the specs, whatever order the runs finish in, and a run
+that fails cancels the runs not yet started and raises in the caller. `jobs=1` runs everything in order in
+the calling process, as before.
+
+    blade bench --synthetic --jobs 2 --out out/bench    # 2 CPU cores: one single-threaded run on each
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+from transformers.utils import logging as hf_logging
+
+from blade_core.bench.cache import cached_result, cached_run
+from blade_core.bench.settings import BenchPlan, Log
+
+RunResult = tuple[dict[str, Any], list[dict[str, Any]]]  # (results row, history)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a bench: `cached_run`'s arguments."""
+
+    plan: BenchPlan
+    method: str
+    split: str
+    seed: int
+    gold_ref: dict[str, Any] | None = None
+    multiplier: float | None = None
+    tag: str = ""
+
+    @property
+    def label(self) -> str:
+        suffix = f" {self.tag}" if self.tag else ""
+        return f"{self.method} {self.split} seed {self.seed}{suffix}"
+
+
+def run_all(specs: Sequence[RunSpec], *, jobs: int, log: Log, desc: str, progress: bool) -> list[RunResult]:
+    """Each spec's (row, history), in the order of `specs`, made (or reused) by up to `jobs` processes."""
+    results: list[RunResult | None] = [
+        cached_result(s.plan, s.method, s.split, s.seed, multiplier=s.multiplier, tag=s.tag) for s in specs
+    ]
+    todo = [i for i, r in enumerate(results) if r is None]
+    bar = tqdm(total=len(specs), initial=len(specs) - len(todo), desc=desc, unit="run", disable=not progress)
+    try:
+        if jobs <= 1 or len(todo) <= 1:
+            for i in todo:
+                bar.set_postfix_str(specs[i].label)
+                results[i] = _run(specs[i], log)
+                bar.update()
+        else:
+            _run_in_pool(specs, todo, results, jobs, log, bar)
+    finally:
+        bar.close()
+    return [r for r in results if r is not None]
+
+
+def _run_in_pool(
+    specs: Sequence[RunSpec],
+    todo: list[int],
+    results: list[RunResult | None],
+    jobs: int,
+    log: Log,
+    bar: tqdm,
+) -> None:
+    workers = min(jobs, len(todo))
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    log(f"{len(todo)} runs on {workers} processes ({threads} torch thread(s) each)")
+    pool = ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("spawn"),  # no forked torch or tqdm state
+        initializer=_start_worker,
+        initargs=(threads,),
+    )
+    futures: dict[Future[RunResult], int] = {pool.submit(_run, specs[i], _log_to_stderr): i for i in todo}
+    try:
+        for future in as_completed(futures):
+            results[futures[future]] = future.result()
+            bar.update()
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _run(spec: RunSpec, log: Log) -> RunResult:
+    return cached_run(
+        spec.plan,
+        spec.method,
+        spec.split,
+        spec.seed,
+        spec.gold_ref,
+        log,
+        multiplier=spec.multiplier,
+        tag=spec.tag,
+    )
+
+
+def _start_worker(threads: int) -> None:
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(threads)
+    hf_logging.disable_progress_bar()  # one "Loading weights" bar per model load would drown the log
+
+
+def _log_to_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
