@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from blade_core.bench.selection import beyond_edge, choose
 from blade_core.evaluation.muse import min_k_auc, muse_eval
 from blade_core.lora import load_with_stack
 from blade_core.methods import METHOD_NAMES, get_method
@@ -54,6 +55,9 @@ class TextBenchSettings:
     max_length: int = 256  # tokens per row, every method
     seeds: int = 3
     lr_grid: tuple[float, ...] = (0.25, 1.0, 4.0)  # multipliers tried on the validation world
+    lr_grid_extend: int = (
+        2  # points tried past either edge of lr_grid when the best sits on it (selection.py)
+    )
     select: bool = True  # False: every multiplier 1 (no validation world)
     eval_max_rows: int | None = None  # probes per KnowMem set (None: all)
     world_seed: int = 0
@@ -167,7 +171,8 @@ def _score(row: dict[str, Any], suite: str) -> float:
 
 
 def select_multipliers(cache, out, kind, suite, settings, methods, log) -> dict[str, Any]:
-    """Per method, the LR multiplier with the best HM on the validation world (never the reported one)."""
+    """Per method, the LR multiplier with the best HM on the validation world (never the reported one), by
+    the QA bench's rule (`selection.choose`, `selection.beyond_edge`)."""
     if not settings.select:
         return {"chosen": dict.fromkeys(methods, 1.0), "validation_hm": {}, "grid": [1.0]}
     world = prepare_world(cache, kind, settings.validation_seed, settings, log)
@@ -175,17 +180,22 @@ def select_multipliers(cache, out, kind, suite, settings, methods, log) -> dict[
     scores: dict[str, dict[float, float]] = {}
     for method in methods:
         scores[method] = {}
-        for m in settings.lr_grid:
-            row, _ = run_method(
-                method, world, settings, suite, 0, out / "selection" / method / f"x{m}", multiplier=m
-            )
-            scores[method][m] = _score(row, suite)
-            log(f"[select] {method} x{m}: HM {scores[method][m]:.3f}")
-        chosen[method] = max(scores[method], key=lambda m: scores[method][m])
+        todo: list[float] = list(settings.lr_grid)
+        while todo:
+            for m in todo:
+                row, _ = run_method(
+                    method, world, settings, suite, 0, out / "selection" / method / f"x{m:g}", multiplier=m
+                )
+                scores[method][m] = _score(row, suite)
+                log(f"[select] {method} x{m:g}: HM {scores[method][m]:.3f}")
+            beyond = beyond_edge(scores[method], settings.lr_grid, settings.lr_grid_extend)
+            todo = [beyond] if beyond is not None else []
+        chosen[method] = choose(scores[method])
     return {
         "chosen": chosen,
         "validation_hm": scores,
         "grid": list(settings.lr_grid),
+        "extended": {m: sorted(set(by) - set(settings.lr_grid)) for m, by in scores.items()},
         "world_seed": settings.validation_seed,
     }
 
