@@ -114,9 +114,10 @@ def _bench(small_world, validation_world, out, *extra):
     )
 
 
-def test_bench_selects_on_the_validation_world_then_reports_on_the_test_world(
-    small_world, validation_world, tmp_path, monkeypatch
-):
+@pytest.fixture(scope="module")
+def one_process_bench(small_world, validation_world, tmp_path_factory):
+    """The bench run once in this process on one torch thread (as `--jobs 2`'s children run), recording
+    the files it opens until it first uses the test world: (out dir, opened files, that first use)."""
     opened = OpenedFiles()
     phases = {"test_world_opened": False}
     original = bench_run.reference_evals
@@ -126,10 +127,24 @@ def test_bench_selects_on_the_validation_world_then_reports_on_the_test_world(
         opened.recording = False
         return original(plan, log)
 
-    monkeypatch.setattr(bench_run, "reference_evals", reference_evals)
-    out = tmp_path / "bench"
-    opened.recording = True
-    assert _bench(small_world, validation_world, out) == 0
+    out = tmp_path_factory.mktemp("bench") / "one"
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench_run, "reference_evals", reference_evals)
+        torch.set_num_threads(1)
+        opened.recording = True
+        try:
+            assert _bench(small_world, validation_world, out) == 0
+        finally:
+            opened.recording = False
+            torch.set_num_threads(threads)
+    return out, opened, phases
+
+
+def test_bench_selects_on_the_validation_world_then_reports_on_the_test_world(
+    one_process_bench, small_world, validation_world
+):
+    out, opened, phases = one_process_bench
     assert phases["test_world_opened"]
     for root in small_world:
         assert opened.under(root) == [], f"the selection opened the test world's {root}"
@@ -223,21 +238,18 @@ def test_the_edge_rule_extends_the_grid_only_past_an_edge_that_holds_the_best():
     assert beyond_edge({0.25: None, 4.0: None}, grid, 2) is None  # nothing finite: the rule's value, 1
 
 
-def test_parallel_runs_make_the_sequential_runs(small_world, validation_world, tmp_path, monkeypatch, capsys):
+def test_parallel_runs_make_the_sequential_runs(
+    one_process_bench, small_world, validation_world, tmp_path, monkeypatch, capsys
+):
     """--jobs 2 spreads the selection and the test grid over two spawned processes and gets the rows one
     process gets, in the same order (both on one torch thread, so the arithmetic is the same)."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the children's thread count
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        assert _bench(small_world, validation_world, tmp_path / "one") == 0
-        capsys.readouterr()
-        assert _bench(small_world, validation_world, tmp_path / "two", "--jobs", "2") == 0
-    finally:
-        torch.set_num_threads(threads)
+    capsys.readouterr()
+    assert _bench(small_world, validation_world, tmp_path / "two", "--jobs", "2") == 0
     err = capsys.readouterr().err
     assert "4 runs on 2 processes" in err and "2 runs on 2 processes" in err  # selection grid, test grid
-    one, two = (json.loads((tmp_path / name / "results.json").read_text()) for name in ("one", "two"))
+    one = json.loads((one_process_bench[0] / "results.json").read_text())
+    two = json.loads((tmp_path / "two" / "results.json").read_text())
     assert two["selection"]["validation_hm"] == one["selection"]["validation_hm"]
     assert two["selection"]["chosen"] == one["selection"]["chosen"]
     same = (*sorted(CONTRACT_ROW_KEYS - {"time_s", "peak_mem_mb"}), "status", "lr_multiplier")

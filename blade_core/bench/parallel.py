@@ -2,8 +2,8 @@
 
 Every run loads its own copy of the target, trains, evaluates and writes its own run dir, so runs share
 nothing but the read-only models and data. Runs already cached are answered in the calling process; the rest
-go to a pool of spawned processes, each with an equal share of the CPU's threads (unless OMP_NUM_THREADS
-says otherwise). Results come back in the order of the specs, whatever order the runs finish in, and a run
+go to a pool of spawned processes, started once per bench, each with an equal share of the CPU's threads
+(unless OMP_NUM_THREADS says otherwise). Results come back in the order of the specs, whatever order the runs finish in, and a run
 that fails cancels the runs not yet started and raises in the caller. `jobs=1` runs everything in order in
 the calling process, as before.
 
@@ -76,24 +76,44 @@ def _run_in_pool(
     log: Log,
     bar: tqdm,
 ) -> None:
-    workers = min(jobs, len(todo))
-    threads = max(1, (os.cpu_count() or 1) // workers)
-    log(f"{len(todo)} runs on {workers} processes ({threads} torch thread(s) each)")
-    pool = ProcessPoolExecutor(
-        max_workers=workers,
-        mp_context=multiprocessing.get_context("spawn"),  # no forked torch or tqdm state
-        initializer=_start_worker,
-        initargs=(threads,),
-    )
+    pool, threads = _pool(jobs)
+    log(f"{len(todo)} runs on {jobs} processes ({threads} torch thread(s) each)")
     futures: dict[Future[RunResult], int] = {pool.submit(_run, specs[i], _log_to_stderr): i for i in todo}
     try:
         for future in as_completed(futures):
             results[futures[future]] = future.result()
             bar.update()
     except BaseException:
-        pool.shutdown(wait=True, cancel_futures=True)
+        for future in futures:
+            future.cancel()
+        close_pool()
         raise
-    pool.shutdown(wait=True)
+
+
+_pools: dict[int, tuple[ProcessPoolExecutor, int]] = {}
+
+
+def _pool(jobs: int) -> tuple[ProcessPoolExecutor, int]:
+    """The bench's pool of `jobs` worker processes (started once, kept until `close_pool`: starting one
+    costs each process a torch import) and the torch threads each uses."""
+    if jobs not in _pools:
+        close_pool()
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        pool = ProcessPoolExecutor(
+            max_workers=jobs,
+            mp_context=multiprocessing.get_context("spawn"),  # no forked torch or tqdm state
+            initializer=_start_worker,
+            initargs=(threads,),
+        )
+        _pools[jobs] = (pool, threads)
+    return _pools[jobs]
+
+
+def close_pool() -> None:
+    """Stop the worker processes (`run_bench` calls it when it ends, however it ends)."""
+    while _pools:
+        _, (pool, _) = _pools.popitem()
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _run(spec: RunSpec, log: Log) -> RunResult:

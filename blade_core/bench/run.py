@@ -16,7 +16,7 @@ from blade_core.bench.cache import _builds, _read_json, _write_json, world_seed_
 from blade_core.bench.measure import machine
 from blade_core.bench.models import _load
 from blade_core.bench.one_run import evaluate
-from blade_core.bench.parallel import RunSpec, run_all
+from blade_core.bench.parallel import RunSpec, close_pool, run_all
 from blade_core.bench.report import render_markdown, write_plots
 from blade_core.bench.selection import select_multipliers
 from blade_core.bench.settings import ROW_KEYS, BenchPlan, Log
@@ -84,6 +84,13 @@ def run_bench(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     say = (lambda msg: tqdm.write(msg)) if plan.progress else log
+    try:
+        return _run_bench(plan, log, say, started)
+    finally:
+        close_pool()  # --jobs: the worker processes
+
+
+def _run_bench(plan: BenchPlan, log: Log, say: Log, started: float) -> dict[str, Any]:
     selection = select_multipliers(plan, say)  # before anything reads the test world
     plan.multipliers = {m: float(v) for m, v in selection["chosen"].items()}
     rows, histories = [], {}
