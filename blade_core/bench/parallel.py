@@ -3,9 +3,9 @@
 Every run loads its own copy of the target, trains, evaluates and writes its own run dir, so runs share
 nothing but the read-only models and data. Runs already cached are answered in the calling process; the rest
 go to a pool of spawned processes, started once per bench, each with an equal share of the CPU's threads
-(unless OMP_NUM_THREADS says otherwise). Results come back in the order of the specs, whatever order the runs finish in, and a run
-that fails cancels the runs not yet started and raises in the caller. `jobs=1` runs everything in order in
-the calling process, as before.
+(unless OMP_NUM_THREADS says otherwise). Results come back in the order of the specs, whatever order the
+runs finish in, and a run that fails cancels the runs not yet started and raises in the caller. `jobs=1`
+runs everything in order in the calling process, as before.
 
     blade bench --synthetic --jobs 2 --out out/bench    # 2 CPU cores: one single-threaded run on each
 """

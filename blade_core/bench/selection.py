@@ -17,7 +17,7 @@ selection needs no gold model (HM does not use one).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -31,7 +31,7 @@ def multiplier_tag(multiplier: float) -> str:
     return f"lr-x{multiplier:g}"
 
 
-def choose(hm_by_multiplier: dict[float, float | None]) -> float:
+def choose(hm_by_multiplier: Mapping[float, float | None]) -> float:
     """argmax HM over the grid; ties go to the multiplier nearest 1 on a log scale; no finite HM: 1.0."""
     finite = {
         m: hm for m, hm in hm_by_multiplier.items() if isinstance(hm, (int, float)) and math.isfinite(hm)
@@ -42,7 +42,7 @@ def choose(hm_by_multiplier: dict[float, float | None]) -> float:
     return min((m for m, hm in finite.items() if hm >= best - 1e-12), key=lambda m: abs(math.log(m)))
 
 
-def beyond_edge(hms: dict[float, float | None], grid: Sequence[float], limit: int) -> float | None:
+def beyond_edge(hms: Mapping[float, float | None], grid: Sequence[float], limit: int) -> float | None:
     """The next multiplier past the grid's edge when the best validation HM so far sits on the outermost
     point tried: the edge point divided (low side) or multiplied (high side) by the grid's step there, at
     most `limit` points past either end of `grid`; None when the best is inside (or the limit is reached)."""
@@ -105,7 +105,9 @@ def select_multipliers(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
         for (method, m), (row, _) in zip(todo, done, strict=True):
             hms[method][m] = row.get("HM")
         # each round moves every method whose best sits on an edge one grid step further out
-        todo = [(method, m) for method in plan.methods if (m := beyond_edge(hms[method], grid, limit))]
+        todo = [
+            (method, x) for method in plan.methods if (x := beyond_edge(hms[method], grid, limit)) is not None
+        ]
         if todo:
             log("best validation HM on the grid's edge; trying " + ", ".join(f"{a} x{m:g}" for a, m in todo))
     chosen = {method: choose(hms[method]) for method in plan.methods}
