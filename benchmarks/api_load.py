@@ -329,6 +329,25 @@ def create_database(admin_url: str) -> tuple[str, str]:
     return f"{base.replace('postgresql://', 'postgresql+psycopg://', 1)}/{name}", name
 
 
+def durable_commit_ms(db_url: str, count: int = 200) -> float:
+    """p50 latency of the cheapest durable write on `db_url`: a one-row INSERT committed on its own (one round
+    trip that waits for the WAL flush). A POST must commit once, a status GET never does, so POST/GET can
+    be no lower than (GET p50 + this) / GET p50 on this machine."""
+    import psycopg
+
+    times = []
+    with psycopg.connect(
+        db_url.replace("postgresql+psycopg://", "postgresql://", 1), autocommit=True
+    ) as conn:
+        conn.execute("CREATE TABLE commit_probe (id bigserial PRIMARY KEY, at timestamptz DEFAULT now())")
+        for _ in range(count):
+            started = time.perf_counter()
+            conn.execute("INSERT INTO commit_probe DEFAULT VALUES")
+            times.append((time.perf_counter() - started) * 1000)
+        conn.execute("DROP TABLE commit_probe")
+    return statistics.median(times)
+
+
 def drop_database(admin_url: str, name: str) -> None:
     import psycopg
 
@@ -519,6 +538,7 @@ def main(argv: list[str] | None = None) -> int:
                     warmup=args.warmup,
                     server_pid=pid,
                 )
+        commit_ms = durable_commit_ms(db_url)
     finally:
         for proc in reversed(procs):
             stop(proc)
@@ -555,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
             ours["load"].cpu_ms_per_request or 0, peer["load"].cpu_ms_per_request or 0
         ),
         "get_vs_hello_load_rps": ratio(ours["load"].rps, results["hello-world GET /"]["load"].rps),
+        "post_vs_get_alone_p50_floor": ratio(ours["alone"].p50_ms + commit_ms, ours["alone"].p50_ms),
     }
     print(
         "\nratios (goal: GET latency <= 1x the peer, throughput >= 1x, p99 <= 1x; POST latency <= 2x GET):\n"
@@ -564,7 +585,10 @@ def main(argv: list[str] | None = None) -> int:
         f"  ours POST / GET, alone p50 latency : {ratios['post_vs_get_alone_p50']}\n"
         f"  ours POST / GET, load req/s        : {ratios['post_vs_get_load_rps']}\n"
         f"  ours GET / peer, server CPU per req: {ratios['get_vs_peer_cpu_per_request']}\n"
-        f"  ours GET / hello-world, load req/s : {ratios['get_vs_hello_load_rps']}"
+        f"  ours GET / hello-world, load req/s : {ratios['get_vs_hello_load_rps']}\n"
+        f"\na durable commit (one-row INSERT, autocommit) on this database: p50 {commit_ms:.2f} ms, so a\n"
+        f"POST (which must commit once) takes at least a GET plus a commit: POST / GET >= "
+        f"{ratios['post_vs_get_alone_p50_floor']} here"
     )
     write_json_report(
         args,
@@ -572,6 +596,7 @@ def main(argv: list[str] | None = None) -> int:
         load_after,
         results={n: {m: asdict(r) for m, r in modes.items()} for n, modes in results.items()},
         ratios=ratios,
+        durable_commit_p50_ms=round(commit_ms, 3),
     )
     bad = [r for modes in results.values() for r in modes.values() if r.errors]
     if bad:
