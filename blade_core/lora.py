@@ -11,8 +11,10 @@ Trainable parameters are found by name (`lora_` and `.{adapter}.`), never by a h
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
@@ -124,9 +126,19 @@ def attach_adapter(model: nn.Module, config: MethodConfig, name: str = "unlearn"
         model.add_adapter(name, lora_config(model.get_base_model(), config))
         peft_model = model
     else:
-        peft_model = get_peft_model(model, lora_config(model, config), adapter_name=name)
+        with _no_peft_deprecation_warning():
+            peft_model = get_peft_model(model, lora_config(model, config), adapter_name=name)
     _activate(peft_model, adapter_names(peft_model), trainable=name)
     return peft_model
+
+
+@contextlib.contextmanager
+def _no_peft_deprecation_warning() -> Iterator[None]:
+    """PEFT reads `model.is_gradient_checkpointing`, which transformers 5 deprecates with a FutureWarning on
+    every wrap: one line per run that no user of ours can act on."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+        yield
 
 
 def check_adapter_dir(path: str | Path) -> Path:
@@ -149,7 +161,10 @@ def load_stack(model: nn.Module, adapter_dirs: Sequence[str | Path]) -> nn.Modul
         if is_peft(model):
             model.load_adapter(str(directory), adapter_name=name, is_trainable=False)
         else:
-            model = PeftModel.from_pretrained(model, str(directory), adapter_name=name, is_trainable=False)
+            with _no_peft_deprecation_warning():
+                model = PeftModel.from_pretrained(
+                    model, str(directory), adapter_name=name, is_trainable=False
+                )
         names.append(name)
     _activate(cast("PeftModel", model), adapter_names(model), trainable=None)  # a PeftModel once one loaded
     return model
