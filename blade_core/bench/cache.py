@@ -54,6 +54,21 @@ def cached_run(
     cached = cached_result(plan, method, split, seed, multiplier=multiplier, tag=tag)
     if cached is not None:
         return cached
+    return fresh_run(plan, method, split, seed, gold_ref, log, multiplier=multiplier, tag=tag)
+
+
+def fresh_run(
+    plan: BenchPlan,
+    method: str,
+    split: str,
+    seed: int,
+    gold_ref: dict[str, Any] | None,
+    log: Log,
+    *,
+    multiplier: float | None = None,
+    tag: str = "",
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """run_one's (row, history), written to the run dir where `cached_result` finds it next time."""
     out = run_one(plan, method, split, seed, gold_ref, log, multiplier=multiplier, tag=tag)
     run_dir = _run_dir(plan, method, split, seed, tag)
     fingerprint = _fingerprint(plan, method, multiplier)

@@ -18,13 +18,13 @@ import sys
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from tqdm.auto import tqdm
 from transformers.utils import logging as hf_logging
 
-from blade_core.bench.cache import cached_result, cached_run
+from blade_core.bench.cache import cached_result, fresh_run
 from blade_core.bench.settings import BenchPlan, Log
 
 RunResult = tuple[dict[str, Any], list[dict[str, Any]]]  # (results row, history)
@@ -65,7 +65,8 @@ def run_all(specs: Sequence[RunSpec], *, jobs: int, log: Log, desc: str, progres
             _run_in_pool(specs, todo, results, jobs, log, bar)
     finally:
         bar.close()
-    return [r for r in results if r is not None]
+    assert all(r is not None for r in results)
+    return cast(list[RunResult], results)
 
 
 def _run_in_pool(
@@ -117,7 +118,8 @@ def close_pool() -> None:
 
 
 def _run(spec: RunSpec, log: Log) -> RunResult:
-    return cached_run(
+    """The spec's run, made afresh (`run_all` has found no cached one)."""
+    return fresh_run(
         spec.plan,
         spec.method,
         spec.split,
