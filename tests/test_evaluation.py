@@ -166,6 +166,29 @@ def test_generation_left_padding_matches_one_at_a_time(world):
     assert model.training is False
 
 
+def test_generation_matches_transformers_generate(world):
+    """Retiring finished rows changes the cost, not the text: the memorising model ends its answers at
+    different lengths and the untrained one rambles to the cap, in the same batches."""
+    from transformers import GenerationConfig
+
+    _, tok, trained, untrained, sets = world
+    prompts = [format_qa(tok, r["question"], r["answer"])[0] for r in sets["forget"] + sets["retain"]]
+    for model in (trained, untrained):
+        ours = generate(model, tok, prompts, max_new_tokens=20, batch_size=16)
+        config = GenerationConfig(
+            max_new_tokens=20, do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id
+        )
+        theirs = []
+        for prompt in prompts:
+            ids = tok(prompt, return_tensors="pt")["input_ids"]
+            with torch.no_grad():
+                out = model.eval().generate(input_ids=ids, generation_config=config)
+            theirs.append(tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip())
+        assert ours == theirs
+    lengths = {len(tok(text)["input_ids"]) for text in generate(trained, tok, prompts, max_new_tokens=20)}
+    assert len(lengths) > 1  # the batches did retire rows at different steps
+
+
 def test_evaluate_split_memorised_model(world):
     d, tok, model, _, _ = world
     logs = []
