@@ -43,12 +43,7 @@ def transformers_batch(
     """The reference: one left-padded batch through `model.generate`, greedy (what we used before)."""
     from transformers import GenerationConfig
 
-    width = max(len(p) for p in batch)
-    input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
-    attention = torch.zeros((len(batch), width), dtype=torch.long)
-    for i, ids in enumerate(batch):
-        input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-        attention[i, width - len(ids) :] = 1
+    input_ids, attention = generation.left_padded(batch, pad, device)
     config = GenerationConfig(
         max_new_tokens=max_new_tokens,
         do_sample=False,
@@ -57,10 +52,10 @@ def transformers_batch(
         bos_token_id=tokenizer.bos_token_id,
     )
     out = model.generate(  # type: ignore[operator]
-        input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config
+        input_ids=input_ids, attention_mask=attention, generation_config=config
     )
     return tokenizer.batch_decode(
-        out[:, width:], skip_special_tokens=True, clean_up_tokenization_spaces=False
+        out[:, input_ids.shape[1] :], skip_special_tokens=True, clean_up_tokenization_spaces=False
     )
 
 

@@ -86,6 +86,20 @@ def generate_from_ids(
     return outputs
 
 
+def left_padded(
+    batch: Sequence[Sequence[int]], pad: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) of the prompts left-padded to the longest, on `device`."""
+    width = max(len(p) for p in batch)
+    input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    for i, ids in enumerate(batch):
+        if ids:
+            input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attention[i, width - len(ids) :] = 1
+    return input_ids.to(device), attention.to(device)
+
+
 def _generate_batch(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -97,14 +111,7 @@ def _generate_batch(
     """Greedy decoding of one left-padded batch with a KV cache, as `model.generate(do_sample=False)` decodes
     it, except that a row which has emitted eos leaves the batch (its cache rows dropped) instead of being fed
     padding until the last row finishes: a rambling row no longer makes the finished ones cost 200 steps."""
-    width = max(len(p) for p in batch)
-    input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
-    attention = torch.zeros((len(batch), width), dtype=torch.long)
-    for i, ids in enumerate(batch):
-        if ids:
-            input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-            attention[i, width - len(ids) :] = 1
-    input_ids, attention = input_ids.to(device), attention.to(device)
+    input_ids, attention = left_padded(batch, pad, device)
     # positions count real tokens only (left padding), as generate's prepare_inputs_for_generation sets them
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     eos = tokenizer.eos_token_id
