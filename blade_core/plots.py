@@ -2,9 +2,10 @@
 step.
 
 Input is `history.json` records (CONTRACT.md). T_trans, the step where a run turns from forgetting to
-defending the retain constraint, is read from the records when the method wrote it (`T_trans`/`t_trans`, e.g.
-PDU's dual-update start) and otherwise found with BLADE's rule: the first step ending `run` consecutive steps
-with r > epsilon (`blade_core.dynamics.violated`).
+defending the retain constraint, is read from the records when the method wrote the key (`T_trans`/`t_trans`:
+BLADE's detector, PDU's dual-update start; a key that stays null means the run never turned) and otherwise
+found with BLADE's rule: the first step ending `run` consecutive steps whose residual (the post-recovery
+`r_recovered` where recorded, else `r`) exceeds epsilon (`blade_core.dynamics.violated`).
 
     python -c "from blade_core.plots import plot_dynamics; help(plot_dynamics)"
 """
@@ -27,14 +28,20 @@ def _num(value: Any) -> float:
 
 def transition_step(history: History, run: int = 3) -> int | None:
     """T_trans of a run's history, or None when it never turned (see the module docstring)."""
+    recorded = False
     for record in history:
         for key in ("T_trans", "t_trans"):
+            recorded = recorded or key in record
             if isinstance(record.get(key), (int, float)) and not isinstance(record.get(key), bool):
                 return int(record[key])
+    if recorded:
+        return None
 
     streak = 0
     for record in history:
-        r, eps = _num(record.get("r")), _num(record.get("epsilon"))
+        recovered = record.get("r_recovered")  # null when recovery did not run: then r is what the rule saw
+        r = _num(record.get("r") if recovered is None else recovered)
+        eps = _num(record.get("epsilon"))
         streak = streak + 1 if not (math.isnan(r) or math.isnan(eps)) and violated(r, eps) else 0
         if streak >= run:
             return int(record["step"])

@@ -390,6 +390,21 @@ def test_monitor_state_round_trips():
     assert other == mon
 
 
+def test_plotted_t_trans_is_the_runs_own_detector():
+    """A BLADE history records t_trans: null throughout means the run never turned, even where the
+    pre-recovery r crossed epsilon (recovery succeeded); only histories without the key are re-derived, from
+    r_recovered where it exists."""
+    from blade_core.plots import transition_step
+
+    rescued = [{"step": t, "r": 1.0, "r_recovered": 0.1, "epsilon": 0.5, "t_trans": None} for t in range(6)]
+    assert transition_step(rescued) is None
+    assert transition_step([{**rec, "t_trans": 4} for rec in rescued]) == 4
+    legacy = [{key: v for key, v in rec.items() if key != "t_trans"} for rec in rescued]
+    assert transition_step(legacy) is None  # r_recovered stayed under epsilon
+    unrecovered = [{**rec, "r_recovered": None} for rec in legacy]
+    assert transition_step(unrecovered) == 2  # no recovery ran: r itself, three in a row ending at step 2
+
+
 # ------------------------------------------------------------------------------------------------ config
 
 
