@@ -7,10 +7,10 @@ same generations.
     .venv/bin/python benchmarks/evaluation.py --data DIR --model DIR            # e.g. a bench cache's world
     .venv/bin/python benchmarks/evaluation.py --data DIR --model DIR --methods npo,grad_ascent
 
-The models measured: `--model` itself (a target: its answers end with eos after a few dozen tokens) and that
-model after a run of each of `--methods` on the split's forget rows with the method's defaults and published
-schedule (its forget answers ramble, usually to the cap, and some retain answers too: what a bench evaluates
-after unlearning).
+The models measured: `--model` itself (a target: its answers end with eos after a few tokens) and that model
+after a run of each of `--methods` on the split's forget rows with the method's defaults and published
+schedule (what a bench evaluates: answers that may ramble after unlearning, all of them to the cap when the
+model has collapsed).
 """
 
 from __future__ import annotations
