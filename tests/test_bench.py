@@ -324,3 +324,41 @@ def test_markdown_marks_the_best_hm_and_handles_missing_values():
     assert "- forget10: blade 0.600 ± 0.000, npo 0.400 ± 0.000" in md
     assert "n/a" in md  # forget quality was missing
     assert "**Warning**: forget Prob essentially unchanged (|delta| < 0.02) in: npo forget10 seed 0." in md
+
+
+def test_blade_runs_forget10_under_its_own_cap_of_500(tmp_path, monkeypatch):
+    """The authors run BLADE with T = 500 on forget10 and 250 elsewhere: the bench passes BLADE's forget10
+    preset to the runner (and keys the run cache by it); the baselines keep their defaults."""
+    from dataclasses import replace
+
+    from blade_core.bench import cache, one_run
+    from blade_core.bench.settings import PRESETS, BenchPlan
+    from blade_core.unlearn import build_config
+
+    assert build_config("blade", one_run.split_preset("blade", "forget10")).max_steps == 500
+    assert build_config("blade", one_run.split_preset("blade", "forget05")).max_steps == 250
+    (tmp_path / "forget10_perturbed.json").write_text("[]")
+    (tmp_path / "retain90.json").write_text("[]")
+    plan = BenchPlan(
+        data_dir=tmp_path,
+        target=tmp_path,
+        golds={},
+        out_dir=tmp_path / "out",
+        methods=["blade", "npo"],
+        splits=["forget10"],
+        seeds=[42],
+        settings=replace(PRESETS["default"], lr_scale=1.0),  # no target build to read a factor from
+    )
+    presets: dict[str, str | None] = {}
+
+    def runner(**kwargs):
+        presets[kwargs["method"]] = kwargs["preset"]
+        raise RuntimeError("stop before training")
+
+    monkeypatch.setattr(one_run, "run_unlearning", runner)
+    for method in ("blade", "npo"):
+        with pytest.raises(RuntimeError, match="stop before training"):
+            one_run.run_one(plan, method, "forget10", 42, None, lambda _msg: None)
+    assert presets == {"blade": "tofu_forget10", "npo": None}
+    assert cache._preset_of("blade", "forget10") == {"preset": "tofu_forget10"}
+    assert cache._preset_of("blade", "forget05") == {}

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from blade_core.bench.one_run import _run_dir, run_one
+from blade_core.bench.one_run import _run_dir, run_one, split_preset
 from blade_core.bench.settings import RESULTS_VERSION, BenchPlan, Log
 
 # settings that change which runs a bench makes, not what one run computes (kept out of the cache key)
@@ -37,6 +37,12 @@ def _fingerprint(
         "lr_multiplier": plan.multipliers.get(method, 1.0) if multiplier is None else multiplier,
         **extra,
     }
+
+
+def _preset_of(method: str, split: str) -> dict[str, str]:
+    """The split's preset of the method, as a fingerprint entry (none: the fingerprint stays as before)."""
+    preset = split_preset(method, split)
+    return {"preset": preset} if preset else {}
 
 
 def cached_run(
@@ -71,7 +77,7 @@ def fresh_run(
     """run_one's (row, history), written to the run dir where `cached_result` finds it next time."""
     out = run_one(plan, method, split, seed, gold_ref, log, multiplier=multiplier, tag=tag)
     run_dir = _run_dir(plan, method, split, seed, tag)
-    fingerprint = _fingerprint(plan, method, multiplier)
+    fingerprint = _fingerprint(plan, method, multiplier, **_preset_of(method, split))
     _write_json(run_dir / "history.json", out["history"])
     _write_json(
         run_dir / "row.json", {"fingerprint": fingerprint, "builds": _builds(plan, split), "row": out["row"]}
@@ -87,7 +93,7 @@ def cached_result(
     cached = _read_json(run_dir / "row.json")
     if (
         cached is not None
-        and cached.get("fingerprint") == _fingerprint(plan, method, multiplier)
+        and cached.get("fingerprint") == _fingerprint(plan, method, multiplier, **_preset_of(method, split))
         and cached.get("builds") == _builds(plan, split)
     ):
         return cached["row"], _read_json(run_dir / "history.json") or []

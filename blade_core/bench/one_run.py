@@ -49,6 +49,16 @@ class Trained:
     peak_mb: float
 
 
+# Presets a method runs with on a split, where its authors' settings differ by split: BLADE's cap T is 500 on
+# forget10 and 250 elsewhere (the BLADE paper's table; its run script scripts/tofu_adaptive_3b_seeds.sh).
+SPLIT_PRESETS: dict[tuple[str, str], str] = {("blade", "forget10"): "tofu_forget10"}
+
+
+def split_preset(method: str, split: str) -> str | None:
+    """The preset `method` runs with on `split` (None: its defaults)."""
+    return SPLIT_PRESETS.get((method, split))
+
+
 def step_cap(plan: BenchPlan, method: str, forget: Path) -> int | None:
     """The common cap as an upper bound: min(settings.max_steps, the method's own step count on this forget
     set), so a cap never lengthens a baseline's published schedule (its `max_steps` replaces the schedule)."""
@@ -75,6 +85,7 @@ def train(
     model: Path | None = None,
     adapters: Sequence[Path] = (),
     multiplier: float | None = None,
+    preset: str | None = None,
 ) -> Trained:
     """One `run_unlearning` call (the runner `blade unlearn` and the worker use) on `model` (default the
     plan's target) plus frozen `adapters`, at the plan's LR factor times `multiplier` (default: the method's
@@ -88,6 +99,7 @@ def train(
             retain=retain,
             out_dir=work,
             method=method,
+            preset=preset,
             adapters=adapters,
             overrides=method_overrides(method, plan),
             max_steps=step_cap(plan, method, forget),
@@ -188,7 +200,14 @@ def run_one(
     forget_path, retain_path = split_paths(plan.data_dir, split)
     work = _run_dir(plan, method, split, seed, tag) / "model"
     trained = train(
-        plan, method, seed, forget=forget_path, retain=retain_path, work=work, multiplier=multiplier
+        plan,
+        method,
+        seed,
+        forget=forget_path,
+        retain=retain_path,
+        work=work,
+        multiplier=multiplier,
+        preset=split_preset(method, split),
     )
     model, tokenizer = load_trained(plan, trained)
     metrics = evaluate(plan, model, tokenizer, split, gold_ref)
