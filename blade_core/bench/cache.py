@@ -45,22 +45,9 @@ def _preset_of(method: str, split: str) -> dict[str, str]:
     return {"preset": preset} if preset else {}
 
 
-def cached_run(
-    plan: BenchPlan,
-    method: str,
-    split: str,
-    seed: int,
-    gold_ref: dict[str, Any] | None,
-    log: Log,
-    *,
-    multiplier: float | None = None,
-    tag: str = "",
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """run_one's (row, history), reused from the run dir when an identical run was made before."""
-    cached = cached_result(plan, method, split, seed, multiplier=multiplier, tag=tag)
-    if cached is not None:
-        return cached
-    return fresh_run(plan, method, split, seed, gold_ref, log, multiplier=multiplier, tag=tag)
+def _run_fingerprint(plan: BenchPlan, method: str, split: str, multiplier: float | None) -> dict[str, Any]:
+    """The fingerprint of one run of the splits grid (or the selection)."""
+    return _fingerprint(plan, method, multiplier, **_preset_of(method, split))
 
 
 def fresh_run(
@@ -77,7 +64,7 @@ def fresh_run(
     """run_one's (row, history), written to the run dir where `cached_result` finds it next time."""
     out = run_one(plan, method, split, seed, gold_ref, log, multiplier=multiplier, tag=tag)
     run_dir = _run_dir(plan, method, split, seed, tag)
-    fingerprint = _fingerprint(plan, method, multiplier, **_preset_of(method, split))
+    fingerprint = _run_fingerprint(plan, method, split, multiplier)
     _write_json(run_dir / "history.json", out["history"])
     _write_json(
         run_dir / "row.json", {"fingerprint": fingerprint, "builds": _builds(plan, split), "row": out["row"]}
@@ -93,7 +80,7 @@ def cached_result(
     cached = _read_json(run_dir / "row.json")
     if (
         cached is not None
-        and cached.get("fingerprint") == _fingerprint(plan, method, multiplier, **_preset_of(method, split))
+        and cached.get("fingerprint") == _run_fingerprint(plan, method, split, multiplier)
         and cached.get("builds") == _builds(plan, split)
     ):
         return cached["row"], _read_json(run_dir / "history.json") or []

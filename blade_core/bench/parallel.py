@@ -32,7 +32,7 @@ RunResult = tuple[dict[str, Any], list[dict[str, Any]]]  # (results row, history
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One run of a bench: `cached_run`'s arguments."""
+    """One run of a bench: `fresh_run`'s arguments."""
 
     plan: BenchPlan
     method: str
