@@ -59,6 +59,11 @@ def test_submit_queues_and_enqueues(api_client, api_app, ready, enqueued):
     got = api_client.get(f"/unlearn-requests/{body['id']}", headers=headers(ready.tenant.admin)).json()
     assert got["id"] == body["id"] and got["queue_position"] == 0
 
+    behind = submit(api_client, ready).json()  # only the head may run: the worker publishes this one later
+    assert behind["queue_position"] == 1 and behind["id"] not in enqueued()
+    with api_app.state.session_factory() as s:
+        assert s.get(UnlearnRequest, behind["id"]).enqueued_at is None
+
 
 def test_a_publish_the_broker_refuses_leaves_the_request_to_the_reconciler(
     api_client, api_app, ready, service_settings

@@ -362,3 +362,29 @@ def test_blade_runs_forget10_under_its_own_cap_of_500(tmp_path, monkeypatch):
     assert presets == {"blade": "tofu_forget10", "npo": None}
     assert cache._preset_of("blade", "forget10") == {"preset": "tofu_forget10"}
     assert cache._preset_of("blade", "forget05") == {}
+
+
+def test_a_synthesised_validation_world_keeps_its_selection_runs_in_the_cache(
+    small_world, validation_world, tmp_path, monkeypatch
+):
+    """--synthetic: the selection runs live beside the world in --cache, so a bench with another --out reuses
+    them; --data keeps them under OUT/selection/."""
+    from blade_core.bench.selection import validation_plan
+
+    data, target, _ = small_world
+    v_data, v_target = validation_world
+
+    def prepared(cache, settings, splits, log, progress, world_seed=None):
+        return (v_data, v_target, {}) if world_seed == settings.validation_world_seed else (data, target, {})
+
+    plans: list[bench.BenchPlan] = []
+    monkeypatch.setattr(bench, "prepare_synthetic", prepared)
+    monkeypatch.setattr(bench, "run_bench", lambda plan, log: plans.append(plan))
+    for out in ("a", "b"):
+        argv = ["bench", "--synthetic", "--quick", "--splits", "forget10", "--methods", "grad_diff"]
+        assert main([*argv, "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / out)]) == 0
+    shared = tmp_path / "cache" / "selection" / v_data.name
+    assert [validation_plan(p).out_dir for p in plans] == [shared, shared]
+    assert all(p.validation is not None and p.validation.data_dir == v_data for p in plans)
+    direct = bench.BenchPlan(**(vars(plans[0]) | {"validation": bench.ValidationWorld(v_data, v_target)}))
+    assert validation_plan(direct).out_dir == tmp_path / "a" / "selection"

@@ -11,7 +11,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from blade_service.persistence import jobs
 from blade_service.persistence.db import session_scope
@@ -263,3 +263,96 @@ def test_worker_heartbeat_rows(worker_settings):
     with session_scope(worker_settings) as s:
         row = s.get(WorkerHeartbeat, name)
         assert row.queues == ["unlearn"] and row.info == {"device": "cpu"} and row.alive is False
+
+
+def test_a_request_submitted_as_the_head_finishes_is_published_by_one_side(worker_settings):
+    """Only the head of a base model's queue is published at submission; one submitted behind a head that
+    finishes concurrently is seen by the worker's `next_in_line`, which waits on the base model's row lock."""
+    from blade_service.persistence import requests
+    from blade_service.persistence.db import session_factory
+    from tests.fixtures_worker import wait_until
+
+    with session_scope(worker_settings) as s:
+        tenant = Tenant(name=f"race-{uuid.uuid4().hex[:8]}")
+        model = BaseModel(name=f"bm-{uuid.uuid4().hex[:8]}", source="/nowhere")
+        s.add_all([tenant, model])
+        s.flush()
+        datasets = [
+            Dataset(
+                tenant_id=tenant.id,
+                name=f"{kind}.jsonl",
+                sha256=str(i) * 64,
+                rows=3,
+                format="jsonl",
+                kind="qa",
+                size_bytes=1,
+                storage_key=f"datasets/{kind}.jsonl",
+            )
+            for i, kind in enumerate(("forget", "retain"))
+        ]
+        s.add_all(datasets)
+        s.flush()
+        tenant_id, model_id, model_name = tenant.id, model.id, model.name
+        forget_id, retain_id = (d.id for d in datasets)
+
+    def submit(session) -> tuple[str, int | None]:
+        request, _, position = requests.submit_request(
+            session,
+            tenant_id=tenant_id,
+            base_model=model_name,
+            forget_dataset=forget_id,
+            retain_dataset=retain_id,
+            params={"max_steps": 5},
+            actor="test",
+            enqueued=True,
+        )
+        return request.id, position
+
+    with session_scope(worker_settings) as s:
+        head, position = submit(s)
+    assert position == 0 and _get(worker_settings, head).enqueued_at is not None
+    assert _claim(worker_settings, head, "w1").claimed
+
+    def blocked_on(fragment: str) -> int:
+        with session_scope(worker_settings) as s:  # a new transaction: the view is read once per one
+            return s.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE :q"
+                ),
+                {"q": f"%{fragment}%"},
+            ).scalar_one()
+
+    # The race: the submission reads the head as unfinished, the head finishes, and the worker looks for the
+    # next request before the submission commits.
+    submitted: list[tuple[str, int | None]] = []
+    may_commit = threading.Event()
+
+    def submit_behind() -> None:
+        with session_factory(worker_settings)() as session:
+            submitted.append(submit(session))
+            may_commit.wait(timeout=60)
+            session.commit()
+
+    with session_factory(worker_settings)() as finishing:
+        assert jobs.mark_failed(finishing, request_id=head, owner="w1", code="boom", message="test")
+        submitter = threading.Thread(target=submit_behind)
+        submitter.start()  # its INSERT waits for the audit chain, which the finishing head holds
+        wait_until(lambda: blocked_on("INSERT INTO unlearn_requests"), timeout=30, what="the submission")
+        finishing.commit()
+    wait_until(lambda: submitted, timeout=30, what="the submission's statements")
+    (behind, position), found = submitted[0], []
+    assert position == 1  # it saw the head unfinished: it leaves the publish to the worker
+
+    def kick() -> None:
+        with session_scope(worker_settings) as s:
+            found.append(jobs.next_in_line(s, base_model_id=model_id))
+
+    kicker = threading.Thread(target=kick)
+    kicker.start()
+    wait_until(lambda: blocked_on("FOR SHARE"), timeout=30, what="next_in_line to wait for the submission")
+    assert not found
+    may_commit.set()
+    submitter.join(timeout=30)
+    kicker.join(timeout=30)
+    assert found == [behind]  # so the worker's side sees it, and publishes it
+    assert _get(worker_settings, behind).enqueued_at is None  # the submission did not

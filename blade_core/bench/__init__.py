@@ -12,7 +12,8 @@ the BLADE paper's Table 1, mean ± std over seeds) and PNG plots of the training
 and `--scale 1,2,4` run the stacked-requests and larger-forget-set experiments instead (stream.py).
 
 Runs are cached under `OUT/runs/<method>/<split>/seed<k>/` (row + history; selection runs under
-`OUT/selection/`), so an interrupted bench resumes where it stopped and re-rendering the tables is free.
+`OUT/selection/`, or, for a synthesised world, `CACHE/selection/<world>/` so that every bench on that world
+shares them), so an interrupted bench resumes where it stopped and re-rendering the tables is free.
 
 Where things live: `settings.py` (settings, presets, the plan), `models.py` (worlds, target and gold models),
 `selection.py` (learning rates on the validation world), `one_run.py` (one run: train, reload, evaluate, its

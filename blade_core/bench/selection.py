@@ -58,7 +58,8 @@ def beyond_edge(hms: Mapping[float, float | None], grid: Sequence[float], limit:
 
 
 def validation_plan(plan: BenchPlan) -> BenchPlan:
-    """The plan of the selection runs: the validation world's data and target, under OUT/selection/."""
+    """The plan of the selection runs: the validation world's data and target, under its `runs_dir` (default
+    OUT/selection/)."""
     assert plan.validation is not None
     if plan.validation.data_dir.resolve() == plan.data_dir.resolve():
         raise ValueError(f"the validation world must differ from the reported one ({plan.data_dir})")
@@ -67,7 +68,7 @@ def validation_plan(plan: BenchPlan) -> BenchPlan:
         data_dir=plan.validation.data_dir,
         target=plan.validation.target,
         golds={},
-        out_dir=plan.out_dir / "selection",
+        out_dir=plan.validation.runs_dir or plan.out_dir / "selection",
         splits=[plan.settings.selection_split],
         seeds=plan.seeds[:1],
         validation=None,
@@ -92,7 +93,7 @@ def select_multipliers(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
     split, seed = vplan.splits[0], vplan.seeds[0]
     log(
         f"selecting learning-rate multipliers {grid} on the validation world {vplan.data_dir} "
-        f"({split}, seed {seed})"
+        f"({split}, seed {seed}; runs cached under {vplan.out_dir / 'runs'})"
     )
     hms: dict[str, dict[float, float | None]] = {method: {} for method in plan.methods}
     todo = [(method, m) for method in plan.methods for m in grid]

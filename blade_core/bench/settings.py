@@ -121,6 +121,9 @@ class ValidationWorld:
     data_dir: Path
     target: Path
     world_seed: int | None = None
+    # where its selection runs are cached (None: OUT/selection/); a synthesised world keeps them in the bench
+    # cache beside it, so a later bench with another --out reuses them instead of repeating the selection
+    runs_dir: Path | None = None
 
 
 def settings_for(quick: bool, **changes: Any) -> BenchSettings:

@@ -182,7 +182,9 @@ def run(args: argparse.Namespace) -> int:
         v_data, v_target, _ = bench.prepare_synthetic(
             args.cache, settings, [], log, progress, world_seed=settings.validation_world_seed
         )
-        validation = bench.ValidationWorld(v_data, v_target, settings.validation_world_seed)
+        validation = bench.ValidationWorld(
+            v_data, v_target, settings.validation_world_seed, runs_dir=args.cache / "selection" / v_data.name
+        )
         data_dir, target, golds = bench.prepare_synthetic(args.cache, settings, gold_splits, log, progress)
     else:
         if not args.data.is_dir():

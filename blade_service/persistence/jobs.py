@@ -28,6 +28,7 @@ from blade_service.persistence import audit
 from blade_service.persistence.models import (
     ALLOWED_TRANSITIONS,
     TERMINAL_STATUSES,
+    BaseModel,
     RequestStatus,
     TrainingEvent,
     UnlearnRequest,
@@ -505,7 +506,12 @@ def mark_enqueued(session: Session, *, request_ids: list[str]) -> None:
 
 
 def next_in_line(session: Session, *, base_model_id: str) -> str | None:
-    """The oldest unfinished request of a base model (the only one that may run now)."""
+    """The oldest unfinished request of a base model (the only one that may run now), read under a share lock
+    on the base model's row. A submission holds that row locked until it commits and publishes its request
+    only when nothing unfinished is ahead of it (`requests.submit_request`); the lock makes this read wait
+    for such a submission, so a request submitted behind one that just finished is seen here or saw it
+    finished there, and is published by exactly one of the two."""
+    session.execute(select(BaseModel.id).where(BaseModel.id == base_model_id).with_for_update(read=True))
     return session.scalars(
         select(UnlearnRequest.id)
         .where(UnlearnRequest.base_model_id == base_model_id, UnlearnRequest.status.in_(ACTIVE_STATUSES))

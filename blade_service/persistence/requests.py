@@ -32,8 +32,10 @@ from sqlalchemy import (
     Table,
     bindparam,
     case,
+    exists,
     func,
     literal_column,
+    null,
     select,
     update,
 )
@@ -243,6 +245,10 @@ def _insert_statement(dialect: str) -> Any:
         .scalar_subquery()
         .label("ahead")
     )
+    # Stored only for the head of the queue: the caller publishes that one; a request behind others is
+    # published by the worker that finishes the one before it (worker/unlearn_task.py `_kick_next`).
+    is_head = ~exists().where(table.c.base_model_id == model_id, unfinished(table.c.status))
+    enqueued_at = case((is_head, bindparam("head_enqueued_at", type_=table.c.enqueued_at.type)), else_=null())
     returned: list[Any] = [*table.c, ahead]
     if dialect == "postgresql":
         returned.append(audit.CHAIN_LOCK)
@@ -253,7 +259,7 @@ def _insert_statement(dialect: str) -> Any:
     insert = inserts[dialect]
     statement = (
         insert(table)
-        .values(queue_seq=next_seq)
+        .values(queue_seq=next_seq, enqueued_at=enqueued_at)
         .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
         .returning(*returned)
     )
@@ -268,11 +274,13 @@ def _insert_queued(session: Session, values: dict[str, Any]) -> tuple[UnlearnReq
     """INSERT the request (`values` by attribute name) numbered after the last of its base model (under the
     base model's lock); returns it with its queue position, or None when a concurrent request took its
     Idempotency-Key first. One statement: the number, the position (the unfinished requests of the base
-    model, all ahead of it) and, on PostgreSQL, the audit chain's append lock (`audit.CHAIN_LOCK`)."""
+    model, all ahead of it), `enqueued_at` (`values["enqueued_at"]` for the head of the queue, NULL behind
+    it) and, on PostgreSQL, the audit chain's append lock (`audit.CHAIN_LOCK`)."""
     request_id = new_id("req")
     columns = UnlearnRequest.__mapper__.column_attrs
     params = {columns[name].columns[0].key: value for name, value in values.items()}
     params |= {"id": request_id, "new_id": request_id, "seq_base_model_id": values["base_model_id"]}
+    params["head_enqueued_at"] = params.pop("enqueued_at")
     row = session.execute(_insert_statement(session.get_bind().dialect.name), params).first()
     return (row[0], row[1]) if row is not None else None
 
@@ -295,8 +303,10 @@ def submit_request(
     enqueued: bool = False,
 ) -> tuple[UnlearnRequest, bool, int | None]:
     """(request, created, queue_position): `create_request` plus the new request's queue position (None for a
-    replay). `enqueued`: the caller publishes its task right after committing, so `enqueued_at` is stored
-    now (no second write; `clear_enqueued` undoes it if the publish fails).
+    replay). `enqueued`: the caller publishes the task of a new request at the head of its base model's queue
+    (position 0) right after committing, so its `enqueued_at` is stored now (no second write;
+    `clear_enqueued` undoes it if the publish fails). A request behind others is not published: only the
+    head may run, and the worker that finishes the one before it publishes it (`jobs.next_in_line`).
 
     Four statements when everything exists (tests/test_api_speed.py counts them): `_claim`, `_insert_queued`
     (which also takes the audit chain's lock), and the audit entry's two."""
