@@ -1,4 +1,4 @@
-"""`blade api`: the API process (uvicorn running `blade_service.api.main:create_app`), configured by BLADE_*
+"""`blade api`: the API process (uvicorn running `blade_service.api.main:server_app`), configured by BLADE_*
 environment variables; the API's own middleware writes the access log as JSON lines.
 
     blade api --workers 4"""
@@ -27,7 +27,7 @@ def run_api(args: argparse.Namespace) -> int:
     settings = get_settings()
     configure_logging(service="api", level=settings.log_level)
     uvicorn.run(
-        "blade_service.api.main:create_app",
+        "blade_service.api.main:server_app",
         factory=True,
         host=args.host or settings.host,
         port=args.port or settings.port,
