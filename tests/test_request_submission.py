@@ -151,9 +151,9 @@ def test_a_concurrent_retry_with_the_same_key_waits_and_returns_the_original(pg_
 
     thread = threading.Thread(target=retry)
     thread.start()
-    with world.factory() as watcher:  # the retry waits for the first submission's transaction
 
-        def retry_waits() -> bool:
+    def retry_waits() -> bool:  # for the first submission's transaction
+        with world.factory() as watcher:  # a new transaction each time: the view is read once per one
             return bool(
                 watcher.scalar(
                     text(
@@ -163,7 +163,7 @@ def test_a_concurrent_retry_with_the_same_key_waits_and_returns_the_original(pg_
                 )
             )
 
-        wait_until(retry_waits, timeout=30, what="the retry to wait for the lock")
+    wait_until(retry_waits, timeout=30, what="the retry to wait for the lock")
     first.commit()
     first.close()
     thread.join()

@@ -40,7 +40,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session, aliased, lazyload
+from sqlalchemy.orm import Session, aliased, lazyload, load_only
 from sqlalchemy.orm.attributes import set_committed_value
 
 from blade_service.contracts.errors import ParamError
@@ -180,8 +180,16 @@ def _claim_query() -> Select[Any]:
         )
         .with_for_update(key_share=True, of=BaseModel)
         .suffix_with("FOR SHARE OF forget, retain", dialect="postgresql")  # one statement, two lock modes
+        .options(  # the columns a submission reads (a row's other columns cost CPU to describe and load)
+            load_only(BaseModel.id, BaseModel.name, BaseModel.tenant_id),
+            *(load_only(*(getattr(d, c) for c in _DATASET_COLUMNS)) for d in (forget, retain)),
+        )
         .execution_options(populate_existing=True)
     )
+
+
+# What `submit_request` reads of a dataset (`_dataset`'s checks, the audit entry, the step cap).
+_DATASET_COLUMNS = ("id", "tenant_id", "purged_at", "purge_reason", "sha256", "rows")
 
 
 def _claim(
