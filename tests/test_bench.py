@@ -326,9 +326,10 @@ def test_markdown_marks_the_best_hm_and_handles_missing_values():
     assert "**Warning**: forget Prob essentially unchanged (|delta| < 0.02) in: npo forget10 seed 0." in md
 
 
-def test_blade_runs_forget10_under_its_own_cap_of_500(tmp_path, monkeypatch):
-    """The authors run BLADE with T = 500 on forget10 and 250 elsewhere: the bench passes BLADE's forget10
-    preset to the runner (and keys the run cache by it); the baselines keep their defaults."""
+def test_blade_runs_the_reference_batch_and_forget10_under_its_own_cap_of_500(tmp_path, monkeypatch):
+    """The authors run BLADE at 4 x 4 rows per outer step, with T = 500 on forget10 and 250 elsewhere: the
+    bench passes BLADE's TOFU presets to the runner (and keys the run cache by them), on every split and on
+    the drawn author sets; the baselines keep their defaults."""
     from dataclasses import replace
 
     from blade_core.bench import cache, one_run
@@ -336,7 +337,11 @@ def test_blade_runs_forget10_under_its_own_cap_of_500(tmp_path, monkeypatch):
     from blade_core.unlearn import build_config
 
     assert build_config("blade", one_run.split_preset("blade", "forget10")).max_steps == 500
-    assert build_config("blade", one_run.split_preset("blade", "forget05")).max_steps == 250
+    for split in ("forget01", "forget05", "forget10", one_run.DRAWN):
+        config = build_config("blade", one_run.split_preset("blade", split))
+        assert (config.batch_size, config.grad_accum) == (4, 4)  # 16 rows, as the reference
+        assert config.max_steps == (500 if split == "forget10" else 250)
+        assert one_run.split_preset("npo", split) is None
     (tmp_path / "forget10_perturbed.json").write_text("[]")
     (tmp_path / "retain90.json").write_text("[]")
     plan = BenchPlan(
@@ -361,7 +366,8 @@ def test_blade_runs_forget10_under_its_own_cap_of_500(tmp_path, monkeypatch):
             one_run.run_one(plan, method, "forget10", 42, None, lambda _msg: None)
     assert presets == {"blade": "tofu_forget10", "npo": None}
     assert cache._preset_of("blade", "forget10") == {"preset": "tofu_forget10"}
-    assert cache._preset_of("blade", "forget05") == {}
+    assert cache._preset_of("blade", "forget05") == {"preset": "tofu"}
+    assert cache._preset_of("npo", "forget05") == {}
 
 
 def test_a_synthesised_validation_world_keeps_its_selection_runs_in_the_cache(

@@ -49,14 +49,19 @@ class Trained:
     peak_mb: float
 
 
-# Presets a method runs with on a split, where its authors' settings differ by split: BLADE's cap T is 500 on
-# forget10 and 250 elsewhere (the BLADE paper's table; its run script scripts/tofu_adaptive_3b_seeds.sh).
-SPLIT_PRESETS: dict[tuple[str, str], str] = {("blade", "forget10"): "tofu_forget10"}
+# The presets a method runs with on TOFU splits, where its authors' settings are not its defaults: BLADE's
+# reference batch of 16 rows per outer step (4 x 4 accumulation; its defaults, the service's, take 4 x 1) and
+# its cap T, 500 on forget10 and 250 elsewhere (the BLADE paper's table; its run script
+# scripts/tofu_adaptive_3b_seeds.sh).
+DRAWN = "drawn"  # the author sets `--sequential` and `--scale` draw (stream.py), a few authors each
+SPLIT_PRESETS: dict[str, dict[str, str]] = {
+    "blade": {"forget01": "tofu", "forget05": "tofu", "forget10": "tofu_forget10", DRAWN: "tofu"},
+}
 
 
 def split_preset(method: str, split: str) -> str | None:
-    """The preset `method` runs with on `split` (None: its defaults)."""
-    return SPLIT_PRESETS.get((method, split))
+    """The preset `method` runs with on `split` or on the `DRAWN` sets (None: its defaults)."""
+    return SPLIT_PRESETS.get(method, {}).get(split)
 
 
 def step_cap(plan: BenchPlan, method: str, forget: Path) -> int | None:

@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from blade_core.bench.cache import _builds, _fingerprint, _read_json, _write_json
+from blade_core.bench.cache import _builds, _fingerprint, _preset_of, _read_json, _write_json
 from blade_core.bench.models import retain_split, split_paths
-from blade_core.bench.one_run import evaluate, load_trained, make_row, train
+from blade_core.bench.one_run import DRAWN, evaluate, load_trained, make_row, split_preset, train
 from blade_core.bench.settings import BenchPlan, Log
 from blade_core.bench.summary import _fmt, mean_std
 from blade_core.evaluation.metrics import hm_score
@@ -140,7 +140,7 @@ def run_sequence(
     """N stacked requests of one method and seed; one row per step (cached as a whole sequence)."""
     split = plan.settings.sequential_split
     root = plan.out_dir / "sequential" / method / f"seed{seed}"
-    fingerprint = _fingerprint(plan, method, sequential=len(groups))
+    fingerprint = _fingerprint(plan, method, sequential=len(groups), **_preset_of(method, DRAWN))
     cached = _read_json(root / "rows.json")
     if cached and cached.get("fingerprint") == fingerprint and cached.get("builds") == _builds(plan, split):
         return cached["rows"]
@@ -161,6 +161,7 @@ def run_sequence(
             work=work / "model",
             model=model_dir,
             adapters=stack,
+            preset=split_preset(method, DRAWN),
         )
         model, tokenizer = load_trained(plan, trained, base=model_dir, stack=stack)
         metrics = evaluate(plan, model, tokenizer, split, None, data_dir=group_dir)
@@ -193,14 +194,22 @@ def run_scale(plan: BenchPlan, method: str, seed: int, scale: int, rows: list, l
     """One request on the target with the scale's forget set (cached)."""
     split = plan.settings.sequential_split
     root = plan.out_dir / "scale" / method / f"seed{seed}" / f"x{scale}"
-    fingerprint = _fingerprint(plan, method, scale=scale, scales=sorted(plan.scales))
+    fingerprint = _fingerprint(
+        plan, method, scale=scale, scales=sorted(plan.scales), **_preset_of(method, DRAWN)
+    )
     cached = _read_json(root / "row.json")
     if cached and cached.get("fingerprint") == fingerprint and cached.get("builds") == _builds(plan, split):
         return cached["row"]
     data = forget_dir(plan, f"scale{max(plan.scales)}-x{scale}", rows)
     _, retain = split_paths(plan.data_dir, split)
     trained = train(
-        plan, method, seed, forget=data / f"{split}_perturbed.json", retain=retain, work=root / "model"
+        plan,
+        method,
+        seed,
+        forget=data / f"{split}_perturbed.json",
+        retain=retain,
+        work=root / "model",
+        preset=split_preset(method, DRAWN),
     )
     model, tokenizer = load_trained(plan, trained)
     metrics = evaluate(plan, model, tokenizer, split, None, data_dir=data)
