@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import update
 
 from blade_service.persistence import requests
 from blade_service.persistence.models import RequestStatus, TrainingEvent, UnlearnRequest, utcnow
+from blade_service.worker.submission_relay import SubmissionRelay, publish_pending
 from tests.fixtures_services import (
     celery_configured_for,
     headers,
@@ -19,6 +21,7 @@ from tests.fixtures_services import (
     row_counts,
     upload_dataset,
 )
+from tests.fixtures_worker import wait_until
 
 pytestmark = pytest.mark.services
 
@@ -37,7 +40,7 @@ def set_status(api_app, request_id: str, status: RequestStatus, **values):
         )
 
 
-def test_submit_queues_and_enqueues(api_client, api_app, ready, enqueued):
+def test_submit_queues_and_a_relay_publishes_the_head(api_client, api_app, ready, enqueued, service_settings):
     resp = submit(api_client, ready, metadata={"ticket": "DSR-1"})
     assert resp.status_code == 202, resp.text
     body = resp.json()
@@ -53,31 +56,50 @@ def test_submit_queues_and_enqueues(api_client, api_app, ready, enqueued):
     }
     assert body["queue_position"] == 0
     assert body["adapter_id"] is None and body["error"] is None and body["queue_seq"] == 1
-    assert enqueued()[-1] == body["id"]  # the unlearn task waits in the real broker
-    with api_app.state.session_factory() as s:
-        assert s.get(UnlearnRequest, body["id"]).enqueued_at is not None
+    assert body["id"] not in enqueued()  # the API publishes nothing
     got = api_client.get(f"/unlearn-requests/{body['id']}", headers=headers(ready.tenant.admin)).json()
     assert got["id"] == body["id"] and got["queue_position"] == 0
+    behind = submit(api_client, ready).json()
+    assert behind["queue_position"] == 1
 
-    behind = submit(api_client, ready).json()  # only the head may run: the worker publishes this one later
-    assert behind["queue_position"] == 1 and behind["id"] not in enqueued()
-    with api_app.state.session_factory() as s:
-        assert s.get(UnlearnRequest, behind["id"]).enqueued_at is None
+    def enqueued_at(request_id: str) -> Any:
+        with api_app.state.session_factory() as s:
+            return s.get(UnlearnRequest, request_id).enqueued_at
+
+    # A worker's relay (its thread, as every worker's main process runs it) publishes the head at once: it
+    # LISTENs for the notice each submission's commit sends. Only the head may run, so only it is sent.
+    relay = SubmissionRelay(service_settings, poll_s=60).start()
+    try:
+        wait_until(lambda: body["id"] in enqueued(), timeout=30, what="the relay to publish the head")
+        assert enqueued_at(body["id"]) is not None
+        assert behind["id"] not in enqueued() and enqueued_at(behind["id"]) is None
+        third = submit(api_client, ready, base_model=register_model(api_client, ready.tenant.admin)).json()
+        wait_until(lambda: third["id"] in enqueued(), timeout=30, what="a notice to wake the relay")
+        set_status(api_app, body["id"], RequestStatus.SUCCEEDED)  # the head finishes ...
+        relay.stop()  # ... and, were no worker to publish the next, the relay's poll would:
+        assert behind["id"] in publish_pending(service_settings)
+        assert behind["id"] in enqueued() and enqueued_at(behind["id"]) is not None
+    finally:
+        relay.stop()
 
 
-def test_a_publish_the_broker_refuses_leaves_the_request_to_the_reconciler(
-    api_client, api_app, ready, service_settings
+def test_a_publish_the_broker_refuses_is_sent_by_the_relays_next_pass(
+    api_client, api_app, ready, service_settings, enqueued
 ):
-    """The 202 stands (the row is committed); `enqueued_at` is cleared so the reconciler sends it soon."""
+    """The 202 never depends on the broker; a relay pass that cannot reach it records nothing, so the next
+    pass (or the reconciler) sends the request."""
     down = service_settings.model_copy(
         update={"broker_url": "redis://127.0.0.1:1/0", "result_backend": "redis://127.0.0.1:1/1"}
     )
     with celery_configured_for(down):
         resp = submit(api_client, ready)
-    assert resp.status_code == 202, resp.text
+        assert resp.status_code == 202, resp.text
+        assert publish_pending(service_settings) == []
+    request_id = resp.json()["id"]
     with api_app.state.session_factory() as s:
-        stored = s.get(UnlearnRequest, resp.json()["id"])
+        stored = s.get(UnlearnRequest, request_id)
         assert stored is not None and stored.status == RequestStatus.QUEUED and stored.enqueued_at is None
+    assert request_id in publish_pending(service_settings) and request_id in enqueued()
 
 
 def test_default_method_is_blade_and_queue_order_follows_submission(api_client, ready):

@@ -265,9 +265,9 @@ def test_worker_heartbeat_rows(worker_settings):
         assert row.queues == ["unlearn"] and row.info == {"device": "cpu"} and row.alive is False
 
 
-def test_a_request_submitted_as_the_head_finishes_is_published_by_one_side(worker_settings):
-    """Only the head of a base model's queue is published at submission; one submitted behind a head that
-    finishes concurrently is seen by the worker's `next_in_line`, which waits on the base model's row lock."""
+def test_a_request_submitted_as_the_head_finishes_is_seen_by_the_finishing_worker(worker_settings):
+    """The relay publishes heads only; a request submitted behind a head that finishes concurrently is seen by
+    the worker's `next_in_line` at once, because it waits on the base model's row lock."""
     from blade_service.persistence import requests
     from blade_service.persistence.db import session_factory
     from tests.fixtures_worker import wait_until
@@ -304,13 +304,14 @@ def test_a_request_submitted_as_the_head_finishes_is_published_by_one_side(worke
             retain_dataset=retain_id,
             params={"max_steps": 5},
             actor="test",
-            enqueued=True,
         )
         return request.id, position
 
     with session_scope(worker_settings) as s:
         head, position = submit(s)
-    assert position == 0 and _get(worker_settings, head).enqueued_at is not None
+    assert position == 0 and _get(worker_settings, head).enqueued_at is None  # the relay's to publish
+    with session_scope(worker_settings) as s:
+        assert head in jobs.unpublished_heads(s)
     assert _claim(worker_settings, head, "w1").claimed
 
     def blocked_on(fragment: str) -> int:
@@ -341,7 +342,7 @@ def test_a_request_submitted_as_the_head_finishes_is_published_by_one_side(worke
         finishing.commit()
     wait_until(lambda: submitted, timeout=30, what="the submission's statements")
     (behind, position), found = submitted[0], []
-    assert position == 1  # it saw the head unfinished: it leaves the publish to the worker
+    assert position == 1  # it saw the head unfinished
 
     def kick() -> None:
         with session_scope(worker_settings) as s:
@@ -354,5 +355,6 @@ def test_a_request_submitted_as_the_head_finishes_is_published_by_one_side(worke
     may_commit.set()
     submitter.join(timeout=30)
     kicker.join(timeout=30)
-    assert found == [behind]  # so the worker's side sees it, and publishes it
-    assert _get(worker_settings, behind).enqueued_at is None  # the submission did not
+    assert found == [behind]  # so the finishing worker sees it, and publishes it
+    with session_scope(worker_settings) as s:
+        assert behind in jobs.unpublished_heads(s)  # and so would the relay, on its next pass

@@ -1,8 +1,9 @@
-"""Publishing work to the workers, by task name: the API's side of the queue (the reconciler and the worker's
-stack tasks publish through it too). Torch-free; it imports only the Celery app.
+"""Publishing work to the workers, by task name: the API's calls (compactions, exports, generation) and the
+workers' own (the submission relay, the reconciler, the stack tasks). Torch-free; it imports only the Celery
+app.
 
 from blade_service.broker.dispatch import enqueue_unlearn, generate
-enqueue_unlearn(request.id)                          # after the request row is committed
+enqueue_unlearn(request.id)                          # after the request row is committed (submission relay)
 text = generate("demo-tiny", "Who wrote ...?", max_new_tokens=32, timeout=60)
 """
 

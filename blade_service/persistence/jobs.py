@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any, cast
 
 from sqlalchemy import CursorResult, Delete, Update, and_, delete, func, or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from blade_service.persistence import audit
 from blade_service.persistence.models import (
@@ -505,12 +505,39 @@ def mark_enqueued(session: Session, *, request_ids: list[str]) -> None:
         )
 
 
+def unpublished_heads(session: Session, *, limit: int = 100) -> list[str]:
+    """Queued requests that head their base model's queue (nothing unfinished before them) and whose task was
+    never published, oldest first: what the submission relay publishes. Locked FOR UPDATE SKIP LOCKED on
+    PostgreSQL, so relays running side by side share them out instead of publishing one twice."""
+    other = aliased(UnlearnRequest)
+    ahead = (
+        select(other.id)
+        .where(
+            other.base_model_id == UnlearnRequest.base_model_id,
+            other.queue_seq < UnlearnRequest.queue_seq,
+            other.status.in_(ACTIVE_STATUSES),
+        )
+        .exists()
+    )
+    stmt = (
+        select(UnlearnRequest.id)
+        .where(
+            UnlearnRequest.status == RequestStatus.QUEUED,
+            UnlearnRequest.enqueued_at.is_(None),
+            ~ahead,
+        )
+        .order_by(UnlearnRequest.created_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True, of=UnlearnRequest)
+    )
+    return list(session.scalars(stmt))
+
+
 def next_in_line(session: Session, *, base_model_id: str) -> str | None:
     """The oldest unfinished request of a base model (the only one that may run now), read under a share lock
-    on the base model's row. A submission holds that row locked until it commits and publishes its request
-    only when nothing unfinished is ahead of it (`requests.submit_request`); the lock makes this read wait
-    for such a submission, so a request submitted behind one that just finished is seen here or saw it
-    finished there, and is published by exactly one of the two."""
+    on the base model's row. A submission holds that row locked until it commits; the lock makes this read
+    wait for it, so a request submitted while the one before it finishes is seen here at once (the worker
+    publishes it) instead of at the submission relay's next poll."""
     session.execute(select(BaseModel.id).where(BaseModel.id == base_model_id).with_for_update(read=True))
     return session.scalars(
         select(UnlearnRequest.id)
@@ -520,8 +547,9 @@ def next_in_line(session: Session, *, base_model_id: str) -> str | None:
     ).first()
 
 
-# How long a submitted request may go unpublished before the reconciler publishes it: the API publishes right
-# after committing the row, and a reconcile pass in between would only send a duplicate.
+# How long a submitted request may go unpublished before the reconciler publishes it: a worker's submission
+# relay publishes it within moments of its commit, and a reconcile pass in between would only send a
+# duplicate.
 PUBLISH_GRACE_S = 10.0
 
 

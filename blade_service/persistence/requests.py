@@ -32,12 +32,9 @@ from sqlalchemy import (
     Table,
     bindparam,
     case,
-    exists,
     func,
     literal_column,
-    null,
     select,
-    update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, aliased, lazyload, load_only
@@ -232,6 +229,10 @@ def _locked_base_model(session: Session, tenant_id: str, base_model: str) -> Bas
     return model
 
 
+# NOTIFY channel of a committed submission: it wakes the submission relays (worker/submission_relay.py).
+SUBMITTED_CHANNEL = "blade_request_submitted"
+
+
 @functools.cache
 def _insert_statement(dialect: str) -> Any:
     """Built once per dialect (see `_insert_queued`). A Core INSERT read back as the entity
@@ -253,13 +254,9 @@ def _insert_statement(dialect: str) -> Any:
         .scalar_subquery()
         .label("ahead")
     )
-    # Stored only for the head of the queue: the caller publishes that one; a request behind others is
-    # published by the worker that finishes the one before it (worker/unlearn_task.py `_kick_next`).
-    is_head = ~exists().where(table.c.base_model_id == model_id, unfinished(table.c.status))
-    enqueued_at = case((is_head, bindparam("head_enqueued_at", type_=table.c.enqueued_at.type)), else_=null())
     returned: list[Any] = [*table.c, ahead]
-    if dialect == "postgresql":
-        returned.append(audit.CHAIN_LOCK)
+    if dialect == "postgresql":  # the append lock; the relay's wake-up call, delivered on commit
+        returned += [audit.CHAIN_LOCK, func.pg_notify(SUBMITTED_CHANNEL, "")]
     inserts: dict[str, Callable[[Table], postgresql.Insert | sqlite.Insert]] = {
         "postgresql": postgresql.insert,
         "sqlite": sqlite.insert,
@@ -267,7 +264,7 @@ def _insert_statement(dialect: str) -> Any:
     insert = inserts[dialect]
     statement = (
         insert(table)
-        .values(queue_seq=next_seq, enqueued_at=enqueued_at)
+        .values(queue_seq=next_seq)
         .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
         .returning(*returned)
     )
@@ -282,13 +279,12 @@ def _insert_queued(session: Session, values: dict[str, Any]) -> tuple[UnlearnReq
     """INSERT the request (`values` by attribute name) numbered after the last of its base model (under the
     base model's lock); returns it with its queue position, or None when a concurrent request took its
     Idempotency-Key first. One statement: the number, the position (the unfinished requests of the base
-    model, all ahead of it), `enqueued_at` (`values["enqueued_at"]` for the head of the queue, NULL behind
-    it) and, on PostgreSQL, the audit chain's append lock (`audit.CHAIN_LOCK`)."""
+    model, all ahead of it) and, on PostgreSQL, the audit chain's append lock (`audit.CHAIN_LOCK`) and the
+    notice that wakes the submission relays (`SUBMITTED_CHANNEL`)."""
     request_id = new_id("req")
     columns = UnlearnRequest.__mapper__.column_attrs
     params = {columns[name].columns[0].key: value for name, value in values.items()}
     params |= {"id": request_id, "new_id": request_id, "seq_base_model_id": values["base_model_id"]}
-    params["head_enqueued_at"] = params.pop("enqueued_at")
     row = session.execute(_insert_statement(session.get_bind().dialect.name), params).first()
     return (row[0], row[1]) if row is not None else None
 
@@ -308,13 +304,11 @@ def submit_request(
     actor_key_id: str | None = None,
     preset: str | None = None,
     probe_datasets: dict[str, str] | None = None,
-    enqueued: bool = False,
 ) -> tuple[UnlearnRequest, bool, int | None]:
     """(request, created, queue_position): `create_request` plus the new request's queue position (None for a
-    replay). `enqueued`: the caller publishes the task of a new request at the head of its base model's queue
-    (position 0) right after committing, so its `enqueued_at` is stored now (no second write;
-    `clear_enqueued` undoes it if the publish fails). A request behind others is not published: only the
-    head may run, and the worker that finishes the one before it publishes it (`jobs.next_in_line`).
+    replay). Nothing is published here: once the request heads its base model's queue, a worker process's
+    submission relay publishes its task (`worker/submission_relay.py`, woken by the notice this commit
+    sends on PostgreSQL), or the worker that finishes the one before it does (`jobs.next_in_line`).
 
     Four statements when everything exists (tests/test_api_speed.py counts them): `_claim`, `_insert_queued`
     (which also takes the audit chain's lock), and the audit entry's two."""
@@ -391,7 +385,6 @@ def submit_request(
             "status": RequestStatus.QUEUED,
             "total_steps": step_cap(method, checked, n_forget=forget.rows),
             "created_by_key_id": actor_key_id,
-            "enqueued_at": utcnow() if enqueued else None,
         },
     )
     if inserted is None:  # a concurrent request with the same Idempotency-Key committed first
@@ -422,16 +415,6 @@ def submit_request(
         chain_locked=True,
     )
     return request, True, ahead
-
-
-def clear_enqueued(session: Session, *, request_id: str) -> None:
-    """The publish `submit_request(enqueued=True)` promised failed: let the reconciler send it soon."""
-    session.execute(
-        update(UnlearnRequest)
-        .where(UnlearnRequest.id == request_id)
-        .values(enqueued_at=None)
-        .execution_options(synchronize_session=False)
-    )
 
 
 def get_request(session: Session, *, tenant_id: str | None, request_id: str) -> UnlearnRequest:

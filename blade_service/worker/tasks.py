@@ -8,7 +8,9 @@
 - `worker.stacks.compact` and `.export`: an adapter stack compacted into one adapter, or exported.
 
 The pieces they share: `worker.process` (pool-process signals), `worker.artifacts` (storage keys, the local
-cache, base models), `worker.lease` (the lease heartbeat), `worker.errors` (typed failures).
+cache, base models), `worker.lease` (the lease heartbeat), `worker.errors` (typed failures). Beside the tasks,
+each worker's main process runs a heartbeat (`worker.heartbeat`) and the submission relay
+(`worker.submission_relay`), which publishes the task of each request that heads its base model's queue.
 
     celery -A blade_service.worker.celery_app:app worker -Q unlearn -c 1 --max-tasks-per-child 1
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from blade_service.worker import heartbeat as _heartbeat  # noqa: F401  (connects the worker's heartbeat signals)
 from blade_service.worker import process as _process  # noqa: F401  (connects the pool-process signals)
+from blade_service.worker import submission_relay as _relay  # noqa: F401  (starts the relay on worker_ready)
 from blade_service.worker.generate_task import generate
 from blade_service.worker.reconcile_task import reconcile
 from blade_service.worker.stacks import compact, export

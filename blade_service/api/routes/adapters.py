@@ -7,7 +7,6 @@ from fastapi.responses import StreamingResponse
 
 from blade_service.api.adapter_views import adapter_view, change_view
 from blade_service.api.deps import AdminKey, ReadKey, SessionDep, StorageDep
-from blade_service.api.routes.requests import enqueue
 from blade_service.api.schemas import AdapterOut, DisableIn, EnableIn, StateChangeOut
 from blade_service.persistence import auth, rebase, registry, stack_operations
 from blade_service.persistence.errors import NotFound
@@ -76,10 +75,7 @@ def disable_adapter(adapter_id: str, body: DisableIn, session: SessionDep, key: 
             actor_key_id=key.id,
             tenant_id=key.tenant_id,
         )
-    session.commit()
-    for step in plan:
-        if step["request_id"]:
-            enqueue(session, step["request_id"])
+    session.commit()  # a worker's submission relay publishes the retrains
     view = change_view(session, change, tenant_id=auth.tenant_scope(key))
     return view.model_copy(update={"retrains": plan})
 

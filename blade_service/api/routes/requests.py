@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-from fastapi import APIRouter, Header, Query, Request, Response
-from sqlalchemy.orm import Session, sessionmaker
-from starlette.background import BackgroundTask
+from fastapi import APIRouter, Header, Query, Response
+from sqlalchemy.orm import Session
 
 from blade_service.api.deps import ReadKey, ReadSessionDep, SessionDep, SubmitKey
 from blade_service.api.pagination import Cursor, Limit, Offset, Page, decode_cursor, page
 from blade_service.api.schemas import CancelIn, MetricsOut, UnlearnRequestIn, UnlearnRequestOut
-from blade_service.broker.dispatch import enqueue_unlearn
-from blade_service.persistence import auth, jobs, requests
+from blade_service.persistence import auth, requests
 from blade_service.persistence.models import RequestStatus, UnlearnRequest
 
 router = APIRouter(prefix="/unlearn-requests", tags=["unlearn requests"])
-log = logging.getLogger("blade.api")
 
 
 def request_out(session: Session, request: UnlearnRequest) -> UnlearnRequestOut:
@@ -34,12 +30,11 @@ def submit_request(
     body: UnlearnRequestIn,
     session: SessionDep,
     key: SubmitKey,
-    http: Request,
     idempotency_key: str | None = Header(default=None, alias="Idempotency-Key"),
 ) -> Response:
-    """Validate and queue a request; a repeated `Idempotency-Key` returns the original request. Four
-    statements in one transaction, then the publish when the request heads its base model's queue
-    (tests/test_api_speed.py counts them)."""
+    """Validate and queue a request; a repeated `Idempotency-Key` returns the original request. Three
+    statements in one transaction (tests/test_api_speed.py counts them); a worker's submission relay
+    publishes the task (worker/submission_relay.py)."""
     request, created, position = requests.submit_request(
         session,
         tenant_id=key.tenant_id,
@@ -54,48 +49,18 @@ def submit_request(
         idempotency_key=idempotency_key,
         actor=auth.actor_of(key),
         actor_key_id=key.id,
-        enqueued=True,
     )
     session.commit()
     if not created:
         replayed = request_out(session, request)
         return json_response(replayed, status_code=202, headers={"Idempotent-Replayed": "true"})
-    out = UnlearnRequestOut.of(request, queue_position=position)
-    if position != 0:  # behind others: the worker that finishes the one before it publishes it
-        return json_response(out, status_code=202)
-    # The client has its answer before the broker round trip: the row is committed with `enqueued_at`, and a
-    # publish that never happens (the process dies first) is re-sent by the reconciler.
-    publish = BackgroundTask(publish_submitted, http.app.state.session_factory, request.id)
-    return json_response(out, status_code=202, background=publish)
+    return json_response(UnlearnRequestOut.of(request, queue_position=position), status_code=202)
 
 
 def json_response(out: UnlearnRequestOut, **kwargs: Any) -> Response:
     """`out`, validated when it was built, serialised once (the response model would dump and validate it
     again)."""
     return Response(out.model_dump_json(), media_type="application/json", **kwargs)
-
-
-def publish_submitted(session_factory: sessionmaker[Session], request_id: str) -> None:
-    """Publish a request committed with `enqueued_at` set; if the broker is down, clear it so the
-    reconciler sends it within its publish grace instead of its requeue delay."""
-    if enqueue_unlearn(request_id):
-        return
-    try:
-        with session_factory() as session, session.begin():
-            requests.clear_enqueued(session, request_id=request_id)
-    except Exception:  # the reconciler re-sends it after its requeue delay
-        log.exception("enqueue.failed", extra={"request_id": request_id})
-
-
-def enqueue(session: Any, request_id: str) -> None:
-    """Hand the committed request to the workers; if the broker is down the reconciler sends it later."""
-    try:
-        if enqueue_unlearn(request_id):
-            jobs.mark_enqueued(session, request_ids=[request_id])
-            session.commit()
-    except Exception:  # never fail an accepted request: it is stored as queued
-        session.rollback()
-        log.exception("enqueue.failed", extra={"request_id": request_id})
 
 
 @router.get("", response_model=Page[UnlearnRequestOut])

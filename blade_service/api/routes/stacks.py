@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
 from blade_service.api.deps import AdminKey, ReadKey, SessionDep, SettingsDep, StorageDep
-from blade_service.api.routes.requests import enqueue, request_out
+from blade_service.api.routes.requests import request_out
 from blade_service.api.schemas import (
     BaseModelOut,
     CompactIn,
@@ -85,9 +85,7 @@ def retrain(adapter_id: str, body: RetrainIn, session: SessionDep, key: AdminKey
         actor=auth.actor_of(key),
         actor_key_id=key.id,
     )
-    session.commit()
-
-    enqueue(session, request.id)
+    session.commit()  # a worker's submission relay publishes it
     return request_out(session, request)  # with its queue position, as every route returns a request
 
 
