@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+import redis
 from sqlalchemy import update
 
 from blade_service.persistence import requests
+from blade_service.persistence.jsonlog import HEADER_TRACE_ID
 from blade_service.persistence.models import RequestStatus, TrainingEvent, UnlearnRequest, utcnow
 from blade_service.worker.submission_relay import SubmissionRelay, publish_pending
 from tests.fixtures_services import (
@@ -38,6 +41,18 @@ def set_status(api_app, request_id: str, status: RequestStatus, **values):
         s.execute(
             update(UnlearnRequest).where(UnlearnRequest.id == request_id).values(status=status, **values)
         )
+
+
+def published_headers(broker_url: str, request_id: str) -> dict[str, Any]:
+    """The headers of the unlearn task published for `request_id` on the broker (Redis) at `broker_url`."""
+    client = redis.Redis.from_url(broker_url)
+    for queue in client.keys("unlearn*"):
+        for raw in client.lrange(queue, 0, -1):
+            message = json.loads(raw)
+            _, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+            if kwargs["request_id"] == request_id:
+                return message["headers"]
+    raise AssertionError(f"no task published for {request_id}")
 
 
 def test_submit_queues_and_a_relay_publishes_the_head(api_client, api_app, ready, enqueued, service_settings):
@@ -73,8 +88,14 @@ def test_submit_queues_and_a_relay_publishes_the_head(api_client, api_app, ready
         wait_until(lambda: body["id"] in enqueued(), timeout=30, what="the relay to publish the head")
         assert enqueued_at(body["id"]) is not None
         assert behind["id"] not in enqueued() and enqueued_at(behind["id"]) is None
-        third = submit(api_client, ready, base_model=register_model(api_client, ready.tenant.admin)).json()
+        third = api_client.post(  # the submitting call's trace id rides with the task the relay publishes
+            "/unlearn-requests",
+            headers=headers(ready.tenant.admin, **{"X-Request-ID": "trace-relayed"}),
+            json=ready.body(base_model=register_model(api_client, ready.tenant.admin)),
+        ).json()
         wait_until(lambda: third["id"] in enqueued(), timeout=30, what="a notice to wake the relay")
+        headers_sent = published_headers(service_settings.broker_url, third["id"])
+        assert headers_sent[HEADER_TRACE_ID] == "trace-relayed"
         set_status(api_app, body["id"], RequestStatus.SUCCEEDED)  # the head finishes ...
         relay.stop()  # ... and, were no worker to publish the next, the relay's poll would:
         assert behind["id"] in publish_pending(service_settings)

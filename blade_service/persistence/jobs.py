@@ -505,10 +505,11 @@ def mark_enqueued(session: Session, *, request_ids: list[str]) -> None:
         )
 
 
-def unpublished_heads(session: Session, *, limit: int = 100) -> list[str]:
-    """Queued requests that head their base model's queue (nothing unfinished before them) and whose task was
-    never published, oldest first: what the submission relay publishes. Locked FOR UPDATE SKIP LOCKED on
-    PostgreSQL, so relays running side by side share them out instead of publishing one twice."""
+def unpublished_heads(session: Session, *, limit: int = 100) -> list[tuple[str, str | None]]:
+    """(id, trace id) of the queued requests that head their base model's queue (nothing unfinished before
+    them) and whose task was never published, oldest first: what the submission relay publishes. Locked FOR
+    UPDATE SKIP LOCKED on PostgreSQL, so relays running side by side share them out instead of publishing
+    one twice."""
     other = aliased(UnlearnRequest)
     ahead = (
         select(other.id)
@@ -520,7 +521,7 @@ def unpublished_heads(session: Session, *, limit: int = 100) -> list[str]:
         .exists()
     )
     stmt = (
-        select(UnlearnRequest.id)
+        select(UnlearnRequest.id, UnlearnRequest.trace_id)
         .where(
             UnlearnRequest.status == RequestStatus.QUEUED,
             UnlearnRequest.enqueued_at.is_(None),
@@ -530,7 +531,7 @@ def unpublished_heads(session: Session, *, limit: int = 100) -> list[str]:
         .limit(limit)
         .with_for_update(skip_locked=True, of=UnlearnRequest)
     )
-    return list(session.scalars(stmt))
+    return [(row.id, row.trace_id) for row in session.execute(stmt)]
 
 
 def next_in_line(session: Session, *, base_model_id: str) -> str | None:

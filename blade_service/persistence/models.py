@@ -281,6 +281,8 @@ class UnlearnRequest(Base):
     heartbeat_at: Mapped[datetime | None]
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     enqueued_at: Mapped[datetime | None]  # last time a task was published for it (None: not yet / lost)
+    # the submitting HTTP call's X-Request-ID, passed on with its task by the relay that publishes it (0006)
+    trace_id: Mapped[str | None] = mapped_column(String(64))
     checkpoint_key: Mapped[str | None] = mapped_column(String(512))
 
     metrics_before: Mapped[dict[str, Any] | None] = mapped_column(JSON)

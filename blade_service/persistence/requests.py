@@ -48,6 +48,7 @@ from blade_service.contracts.schedule import schedule
 from blade_service.persistence import audit
 from blade_service.persistence.db import execute_read
 from blade_service.persistence.errors import Conflict, Invalid, NotFound
+from blade_service.persistence.jsonlog import trace_id_var
 from blade_service.persistence.models import (
     TERMINAL_STATUSES,
     AdapterVersion,
@@ -385,6 +386,7 @@ def submit_request(
             "status": RequestStatus.QUEUED,
             "total_steps": step_cap(method, checked, n_forget=forget.rows),
             "created_by_key_id": actor_key_id,
+            "trace_id": (trace_id_var.get() or "").replace("\x00", "")[:64] or None,
         },
     )
     if inserted is None:  # a concurrent request with the same Idempotency-Key committed first

@@ -26,6 +26,7 @@ from sqlalchemy.engine import make_url
 from blade_service.broker.dispatch import enqueue_unlearn
 from blade_service.persistence import jobs
 from blade_service.persistence.db import session_scope
+from blade_service.persistence.jsonlog import bind
 from blade_service.persistence.requests import SUBMITTED_CHANNEL
 from blade_service.persistence.settings import Settings, get_settings
 
@@ -36,10 +37,14 @@ RECONNECT_S = 1.0  # wait after a failed pass or a lost LISTEN connection
 
 
 def publish_pending(settings: Settings) -> list[str]:
-    """One pass: publish every unpublished head and record when; the ids sent (a refused publish stays
-    unpublished for the next pass)."""
+    """One pass: publish every unpublished head, with the trace id of the call that submitted it, and record
+    when; the ids sent (a refused publish stays unpublished for the next pass)."""
+    sent = []
     with session_scope(settings) as session:
-        sent = [rid for rid in jobs.unpublished_heads(session) if enqueue_unlearn(rid)]
+        for request_id, trace_id in jobs.unpublished_heads(session):
+            with bind(request_id=request_id, trace_id=trace_id):
+                if enqueue_unlearn(request_id):
+                    sent.append(request_id)
         jobs.mark_enqueued(session, request_ids=sent)
     if sent:
         log.info("relay.published", extra={"requests": sent})
