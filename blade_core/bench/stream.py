@@ -140,7 +140,8 @@ def run_sequence(
     """N stacked requests of one method and seed; one row per step (cached as a whole sequence)."""
     split = plan.settings.sequential_split
     root = plan.out_dir / "sequential" / method / f"seed{seed}"
-    fingerprint = _fingerprint(plan, method, sequential=len(groups), **_preset_of(method, DRAWN))
+    keys: dict[str, Any] = {"sequential": len(groups), **_preset_of(method, DRAWN)}
+    fingerprint = _fingerprint(plan, method, **keys)
     cached = _read_json(root / "rows.json")
     if cached and cached.get("fingerprint") == fingerprint and cached.get("builds") == _builds(plan, split):
         return cached["rows"]
@@ -194,9 +195,8 @@ def run_scale(plan: BenchPlan, method: str, seed: int, scale: int, rows: list, l
     """One request on the target with the scale's forget set (cached)."""
     split = plan.settings.sequential_split
     root = plan.out_dir / "scale" / method / f"seed{seed}" / f"x{scale}"
-    fingerprint = _fingerprint(
-        plan, method, scale=scale, scales=sorted(plan.scales), **_preset_of(method, DRAWN)
-    )
+    keys: dict[str, Any] = {"scale": scale, "scales": sorted(plan.scales), **_preset_of(method, DRAWN)}
+    fingerprint = _fingerprint(plan, method, **keys)
     cached = _read_json(root / "row.json")
     if cached and cached.get("fingerprint") == fingerprint and cached.get("builds") == _builds(plan, split):
         return cached["row"]
