@@ -62,7 +62,6 @@ class SubmissionRelay:
             if url.get_backend_name() == "postgresql"
             else None
         )
-        self.passes = 0  # completed passes (tests wait on it)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="blade-submission-relay", daemon=True)
 
@@ -85,20 +84,16 @@ class SubmissionRelay:
                 log.warning("relay.pass_failed", extra={"error": repr(exc)})
                 self._stop.wait(RECONNECT_S)
 
-    def _pass(self) -> None:
-        publish_pending(self.settings)
-        self.passes += 1
-
     def _poll(self) -> None:
         while not self._stop.is_set():
-            self._pass()
+            publish_pending(self.settings)
             self._stop.wait(self.poll_s)
 
     def _listen(self, dsn: str) -> None:
         with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
             conn.execute(f"LISTEN {SUBMITTED_CHANNEL}")
             while not self._stop.is_set():
-                self._pass()  # after LISTEN: a commit before it is found here, one after it wakes the next
+                publish_pending(self.settings)  # after LISTEN: sees earlier commits; later ones wake it
                 for _ in conn.notifies(timeout=self.poll_s, stop_after=1):
                     pass  # one notice is enough: the pass publishes every head there is
 
