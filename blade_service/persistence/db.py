@@ -115,6 +115,15 @@ def dispose_engines() -> None:
         _engines.clear()
 
 
+def listen_dsn(settings: Settings) -> str | None:
+    """The database as a libpq DSN for a LISTEN connection of its own (plain psycopg); None unless it is
+    PostgreSQL (SQLite has no NOTIFY)."""
+    url = make_url(settings.resolved_database_url())
+    if url.get_backend_name() != "postgresql":
+        return None
+    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
 def session_factory(settings: Settings | None = None) -> sessionmaker[Session]:
     return sessionmaker(get_engine(settings), expire_on_commit=False)
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import psycopg
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
+from blade_service.persistence.db import listen_dsn
 from blade_service.persistence.settings import Settings
 
 log = logging.getLogger("blade.auth")
@@ -75,8 +75,7 @@ class RevocationListener:
 
 def listener_for(settings: Settings, cache: Any) -> RevocationListener | None:
     """A started listener feeding `cache` (a `persistence.auth.KeyCache`) on PostgreSQL; None on SQLite."""
-    url = make_url(settings.resolved_database_url())
-    if url.get_backend_name() != "postgresql":
+    dsn = listen_dsn(settings)
+    if dsn is None:
         return None
-    dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
     return RevocationListener(dsn, on_revoked=cache.drop, set_enabled=cache.set_enabled).start()

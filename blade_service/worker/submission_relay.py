@@ -21,11 +21,10 @@ from typing import Any
 
 import psycopg
 from celery import signals
-from sqlalchemy.engine import make_url
 
 from blade_service.broker.dispatch import enqueue_unlearn
 from blade_service.persistence import jobs
-from blade_service.persistence.db import session_scope
+from blade_service.persistence.db import listen_dsn, session_scope
 from blade_service.persistence.jsonlog import bind
 from blade_service.persistence.requests import SUBMITTED_CHANNEL
 from blade_service.persistence.settings import Settings, get_settings
@@ -56,12 +55,7 @@ class SubmissionRelay:
 
     def __init__(self, settings: Settings, *, poll_s: float = POLL_S) -> None:
         self.settings, self.poll_s = settings, poll_s
-        url = make_url(settings.resolved_database_url())
-        self.dsn = (
-            url.set(drivername="postgresql").render_as_string(hide_password=False)
-            if url.get_backend_name() == "postgresql"
-            else None
-        )
+        self.dsn = listen_dsn(settings)  # None: SQLite, which polls
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="blade-submission-relay", daemon=True)
 
