@@ -171,3 +171,86 @@ def test_a_concurrent_retry_with_the_same_key_waits_and_returns_the_original(pg_
     with world.factory() as s, s.begin():
         later, created, position = world.submit(s)
     assert (later.queue_seq, created, position) == (2, True, 1)
+
+
+def test_the_entry_is_appended_by_the_insert_with_its_queue_number(world):
+    with world.factory() as s, s.begin():
+        world.submit(s)
+        request, _, _ = world.submit(s, params={"max_steps": 4})
+    with world.factory() as s:
+        entry = s.scalars(select(AuditEntry).where(AuditEntry.subject_id == request.id)).one()
+        assert entry.data["queue_seq"] == request.queue_seq == 2
+        assert (entry.data["params"]["max_steps"], entry.data["base_model"]) == (4, world.model)
+        assert entry.hash == audit.compute_hash(entry.prev_hash, audit.entry_payload(entry))
+        assert audit.verify_chain(s).intact
+
+
+def test_an_entry_the_insert_cannot_splice_is_appended_on_its_own(pg_world, monkeypatch):
+    """A webhook event, or data that holds the splice's marker, goes through `audit.append` after the INSERT,
+    under the lock the claim took."""
+    marker = "\x00slot\x00"
+    assert audit.spliced_params(**_entry(), data={"x": 1}, slot="n") is not None
+    assert audit.spliced_params(**_entry(), data={"x": marker}, slot="n") is None
+    assert audit.spliced_params(**_entry("adapter.create"), data={"x": 1}, slot="n") is None
+    monkeypatch.setattr(audit, "spliced_params", lambda **_: None)
+    with pg_world.factory() as s, s.begin():
+        request, _, _ = pg_world.submit(s)
+    with pg_world.factory() as s:
+        entry = s.scalars(select(AuditEntry).where(AuditEntry.subject_id == request.id)).one()
+        assert entry.data["queue_seq"] == request.queue_seq
+        assert audit.verify_chain(s).intact
+
+
+def _entry(action: str = "unlearn_request.create") -> dict[str, Any]:
+    return {
+        "action": action,
+        "subject_type": "unlearn_request",
+        "subject_id": "req_x",
+        "actor": "test",
+        "actor_key_id": None,
+        "tenant_id": None,
+    }
+
+
+def test_concurrent_submissions_and_other_appends_keep_one_chain(pg_world):
+    """Each submission appends its entry in the INSERT's statement, whose snapshot is taken once the claim
+    holds the chain's lock: racing submissions (two base models) and plain appends leave one intact chain,
+    numbered per base model without gaps."""
+    with pg_world.factory() as s, s.begin():
+        other = base_models.register(
+            s, name=f"bm-{uuid.uuid4().hex[:8]}", source="/m", tenant_id=pg_world.tenant_id, actor="test"
+        ).name
+    errors: list[BaseException] = []
+    start = threading.Barrier(9)
+
+    def submit(model: str) -> None:
+        try:
+            start.wait()
+            for _ in range(5):
+                with pg_world.factory() as s, s.begin():
+                    pg_world.submit(s, base_model=model)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    def append() -> None:
+        try:
+            start.wait()
+            for i in range(10):
+                with pg_world.factory() as s, s.begin():
+                    audit.append(s, action="test.append", subject_type="test", subject_id=str(i), actor="t")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=submit, args=(m,)) for m in [pg_world.model, other] * 4]
+    threads.append(threading.Thread(target=append))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    with pg_world.factory() as s:
+        assert audit.verify_chain(s).intact
+        entries = s.scalars(select(AuditEntry).where(AuditEntry.action == "unlearn_request.create")).all()
+        for model in (pg_world.model, other):
+            seqs = sorted(e.data["queue_seq"] for e in entries if e.data["base_model"] == model)
+            assert seqs == list(range(1, 21))

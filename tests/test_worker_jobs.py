@@ -266,8 +266,8 @@ def test_worker_heartbeat_rows(worker_settings):
 
 
 def test_a_request_submitted_as_the_head_finishes_is_seen_by_the_finishing_worker(worker_settings):
-    """The relay publishes heads only; a request submitted behind a head that finishes concurrently is seen by
-    the worker's `next_in_line` at once, because it waits on the base model's row lock."""
+    """The relay publishes heads only; a request submitted while the head finishes is seen by the finishing
+    worker's `next_in_line` at once, because it waits on the base model's row lock."""
     from blade_service.persistence import requests
     from blade_service.persistence.db import session_factory
     from tests.fixtures_worker import wait_until
@@ -323,12 +323,12 @@ def test_a_request_submitted_as_the_head_finishes_is_seen_by_the_finishing_worke
                 {"q": f"%{fragment}%"},
             ).scalar_one()
 
-    # The race: the submission reads the head as unfinished, the head finishes, and the worker looks for the
+    # The race: the submission locks the base model while the head finishes, and the worker looks for the
     # next request before the submission commits.
     submitted: list[tuple[str, int | None]] = []
     may_commit = threading.Event()
 
-    def submit_behind() -> None:
+    def submit_and_wait() -> None:
         with session_factory(worker_settings)() as session:
             submitted.append(submit(session))
             may_commit.wait(timeout=60)
@@ -336,13 +336,13 @@ def test_a_request_submitted_as_the_head_finishes_is_seen_by_the_finishing_worke
 
     with session_factory(worker_settings)() as finishing:
         assert jobs.mark_failed(finishing, request_id=head, owner="w1", code="boom", message="test")
-        submitter = threading.Thread(target=submit_behind)
-        submitter.start()  # its INSERT waits for the audit chain, which the finishing head holds
-        wait_until(lambda: blocked_on("INSERT INTO unlearn_requests"), timeout=30, what="the submission")
+        submitter = threading.Thread(target=submit_and_wait)
+        submitter.start()  # its claim locks the base model, then waits for the chain (the head holds it)
+        wait_until(lambda: blocked_on("pg_advisory_xact_lock"), timeout=30, what="the submission")
         finishing.commit()
     wait_until(lambda: submitted, timeout=30, what="the submission's statements")
-    (behind, position), found = submitted[0], []
-    assert position == 1  # it saw the head unfinished
+    (new, position), found = submitted[0], []
+    assert position == 0  # its INSERT's snapshot was taken once the head's end had committed
 
     def kick() -> None:
         with session_scope(worker_settings) as s:
@@ -355,6 +355,6 @@ def test_a_request_submitted_as_the_head_finishes_is_seen_by_the_finishing_worke
     may_commit.set()
     submitter.join(timeout=30)
     kicker.join(timeout=30)
-    assert found == [behind]  # so the finishing worker sees it, and publishes it
+    assert found == [new]  # so the finishing worker sees it, and publishes it
     with session_scope(worker_settings) as s:
-        assert behind in [rid for rid, _ in jobs.unpublished_heads(s)]  # and so would the relay, next pass
+        assert new in [rid for rid, _ in jobs.unpublished_heads(s)]  # and so would the relay, next pass

@@ -25,7 +25,22 @@ import json
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Executable, Select, Table, Text, bindparam, func, select
+from sqlalchemy import (
+    JSON,
+    ColumnElement,
+    Executable,
+    FromClause,
+    Insert,
+    Select,
+    Subquery,
+    Table,
+    Text,
+    bindparam,
+    func,
+    select,
+    true,
+)
+from sqlalchemy import cast as sql_cast
 from sqlalchemy.orm import Session
 
 from blade_service.persistence import webhook_outbox
@@ -33,8 +48,9 @@ from blade_service.persistence.models import GENESIS_HASH, AuditEntry, utcnow
 
 _APPEND_LOCK = 727273  # pg_advisory_xact_lock key for appends
 # PostgreSQL: a column that takes the append lock (held until the transaction ends) when a statement evaluates
-# it. A writer may fold it into a statement of its own before `append(..., chain_locked=True)`, one round trip
-# fewer; the head is still read by a later statement, whose snapshot is taken once the lock is held.
+# it. A writer may fold it into a statement of its own before `append(..., chain_locked=True)` or
+# `spliced_append`, one round trip fewer; the head is still read by a later statement, whose snapshot is taken
+# once the lock is held.
 CHAIN_LOCK = func.pg_advisory_xact_lock(_APPEND_LOCK)
 
 
@@ -44,17 +60,12 @@ def canonical_json(value: Any) -> str:
 
 def entry_payload(entry: AuditEntry) -> dict[str, Any]:
     """What the hash covers: every column but id, prev_hash and hash."""
-    return {
-        "created_at": entry.created_at.isoformat(),
-        "tenant_id": entry.tenant_id,
-        "actor": entry.actor,
-        "actor_key_id": entry.actor_key_id,
-        "action": entry.action,
-        "subject_type": entry.subject_type,
-        "subject_id": entry.subject_id,
-        "reason": entry.reason,
-        "data": entry.data,
-    }
+    return _payload({name: getattr(entry, name) for name in _CONTENT})
+
+
+def _payload(content: dict[str, Any]) -> dict[str, Any]:
+    """`entry_payload` of an entry's `_CONTENT` columns."""
+    return content | {"created_at": content["created_at"].isoformat()}
 
 
 def compute_hash(prev_hash: str, payload: dict[str, Any]) -> str:
@@ -123,22 +134,92 @@ def _head_hash_query() -> Select[str]:
     return select(AuditEntry.hash).order_by(AuditEntry.id.desc()).limit(1)
 
 
-@functools.cache
-def _pg_append_statement() -> Executable:
-    """PostgreSQL: INSERT ... SELECT that links the entry to the head and computes its hash in SQL, exactly
-    `compute_hash`: hex(sha256(UTF-8 of prev_hash || canonical JSON)), read back as the entity. Built once."""
-    table = cast(Table, AuditEntry.__table__)
+def _linked_to_head(canonical: ColumnElement[str]) -> tuple[Subquery, ColumnElement[str]]:
+    """PostgreSQL: the chain's head (`prev`: its hash, GENESIS_HASH for an empty log) as a one-row subquery,
+    and the hash of an entry whose canonical JSON is `canonical`, computed in SQL exactly as `compute_hash`
+    does: hex(sha256(UTF-8 of prev_hash || canonical JSON))."""
     head = select(func.coalesce(_head_hash_query().scalar_subquery(), GENESIS_HASH).label("prev")).subquery(
         "head"
     )
-    digest = func.encode(
-        func.sha256(func.convert_to(head.c.prev.concat(bindparam("canonical", type_=Text)), "UTF8")), "hex"
-    )
+    return head, func.encode(func.sha256(func.convert_to(head.c.prev.concat(canonical), "UTF8")), "hex")
+
+
+@functools.cache
+def _pg_append_statement() -> Executable:
+    """PostgreSQL: INSERT ... SELECT that links the entry to the head and computes its hash in SQL
+    (`_linked_to_head`), read back as the entity. Built once."""
+    table = cast(Table, AuditEntry.__table__)
+    head, digest = _linked_to_head(bindparam("canonical", type_=Text))
     content = [bindparam(f"v_{name}", type_=table.c[name].type) for name in _CONTENT]
     insert = table.insert().from_select(
         [*_CONTENT, "prev_hash", "hash"], select(*content, head.c.prev, digest)
     )
     return select(AuditEntry).from_statement(insert.returning(*table.c))
+
+
+# What stands for the spliced integer while the canonical JSON is built (`spliced_params`). JSON escapes the
+# NULs, so only data that holds this very string encodes the same way, and the split's count catches that.
+_SLOT = "\x00slot\x00"
+_SLOT_MARKER = json.dumps(_SLOT)
+
+
+def spliced_params(
+    *,
+    action: str,
+    subject_type: str,
+    subject_id: str,
+    actor: str,
+    actor_key_id: str | None,
+    tenant_id: str | None,
+    data: dict[str, Any],
+    slot: str,
+) -> dict[str, Any] | None:
+    """The bind parameters of `spliced_append` for one entry whose `data[slot]` is an integer the same
+    statement computes (a request's queue number): its canonical JSON and its data's JSON, each split where
+    that integer goes. None when the entry must go through `append` instead: its action is a webhook event
+    (the deliveries are made from the entry), or the marker cannot be told apart in its JSON."""
+    if action in webhook_outbox.EVENTS:
+        return None
+    content = {
+        "created_at": utcnow(),
+        "tenant_id": tenant_id,
+        "actor": actor,
+        "actor_key_id": actor_key_id,
+        "action": action,
+        "subject_type": subject_type,
+        "subject_id": str(subject_id),
+        "reason": None,
+        "data": {**data, slot: _SLOT},
+    }
+    whole = canonical_json(_payload(content)).split(_SLOT_MARKER)
+    own = canonical_json(content["data"]).split(_SLOT_MARKER)
+    if len(whole) != 2 or len(own) != 2:
+        return None
+    params = {f"a_{name}": value for name, value in content.items() if name != "data"}
+    return params | {
+        "a_canonical_head": whole[0],
+        "a_canonical_tail": whole[1],
+        "a_data_head": own[0],
+        "a_data_tail": own[1],
+    }
+
+
+def spliced_append(source: FromClause, value: ColumnElement[int]) -> Insert:
+    """PostgreSQL: INSERT ... SELECT that appends one entry for each row of `source` (a CTE of the same
+    statement), with `value` (a column of `source`) spliced into its data and its canonical JSON
+    (`spliced_params` gives the rest), linked to the head and hashed in SQL (`_linked_to_head`). The
+    transaction must hold the append lock (`CHAIN_LOCK`) since an earlier statement, so that this
+    statement's snapshot is taken after the entry before it committed."""
+    table = cast(Table, AuditEntry.__table__)
+    text = sql_cast(value, Text)
+    canonical = bindparam("a_canonical_head", type_=Text) + text + bindparam("a_canonical_tail", type_=Text)
+    data = sql_cast(bindparam("a_data_head", type_=Text) + text + bindparam("a_data_tail", type_=Text), JSON)
+    head, digest = _linked_to_head(canonical)
+    content = [
+        data if name == "data" else bindparam(f"a_{name}", type_=table.c[name].type) for name in _CONTENT
+    ]
+    rows = select(*content, head.c.prev, digest).select_from(source).join(head, true())
+    return table.insert().from_select([*_CONTENT, "prev_hash", "hash"], rows)
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,9 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session, aliased, lazyload, load_only
+from sqlalchemy.orm import Session, aliased, lazyload, make_transient_to_detached
 from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.orm.util import identity_key
 
 from blade_service.contracts.errors import ParamError
 from blade_service.contracts.methods import METHOD_NAMES, PRESETS, MethodConfig, service_preset
@@ -119,13 +120,18 @@ def _lock_datasets(session: Session, ids: list[Any]) -> dict[str, Dataset]:
 
 
 def _dataset(
-    session: Session, tenant_id: str, dataset_id: Any, field: str, locked: dict[str, Dataset] | None = None
-) -> Dataset:
+    session: Session,
+    tenant_id: str,
+    dataset_id: Any,
+    field: str,
+    locked: dict[str, Dataset] | dict[str, DatasetRow] | None = None,
+) -> Dataset | DatasetRow:
     """The tenant's usable dataset `dataset_id` (from `locked` when `_lock_datasets` read it already)."""
     if not isinstance(dataset_id, str) or not dataset_id:
         raise Invalid(f"{field}: must be a dataset id", field=field)
     # FOR SHARE: a concurrent DELETE /datasets/{id} or purge (FOR UPDATE) either finishes first and is seen
     # here, or waits for this request to commit and then sees it as a user of the dataset.
+    dataset: Dataset | DatasetRow | None
     if locked is not None:
         dataset = locked.get(dataset_id)
     else:
@@ -148,18 +154,36 @@ def create_request(session: Session, **kwargs: Any) -> tuple[UnlearnRequest, boo
     return request, created
 
 
+@dataclass(frozen=True, slots=True)
+class DatasetRow:
+    """A dataset as a submission reads it (`_claim`): `_dataset`'s checks, the audit entry, the step cap."""
+
+    id: str
+    tenant_id: str
+    purged_at: datetime | None
+    purge_reason: str | None
+    sha256: str
+    rows: int
+
+
+_DATASET_COLUMNS = tuple(f.name for f in fields(DatasetRow))
+
+
 @dataclass(frozen=True)
 class _Claim:
     """What `_claim` read and locked for a submission."""
 
     model: BaseModel
-    datasets: dict[str, Dataset]
+    datasets: dict[str, DatasetRow]
     existing_id: str | None  # the request already stored under the Idempotency-Key
+    chain_locked: bool  # the statement also took the audit chain's append lock (PostgreSQL)
 
 
 @functools.cache
-def _claim_query() -> Select[Any]:
-    """Built once (see `_claim`): composing it costs more CPU than running it."""
+def _claim_query(dialect: str) -> Select[Any]:
+    """Built once per dialect (see `_claim`): composing it costs more CPU than running it. Plain columns,
+    not entities: the model's id, name and tenant, each dataset's `_DATASET_COLUMNS` (prefixed `forget_`
+    and `retain_`) and the id stored under the Idempotency-Key."""
     forget, retain = aliased(Dataset, name="forget"), aliased(Dataset, name="retain")
     tenant_id: BindParameter[str] = bindparam("tenant_id")
     existing = (
@@ -167,8 +191,18 @@ def _claim_query() -> Select[Any]:
         .where(UnlearnRequest.tenant_id == tenant_id, UnlearnRequest.idempotency_key == bindparam("key"))
         .scalar_subquery()
     )
-    return (
-        select(BaseModel, forget, retain, existing)
+    claim = (
+        select(
+            BaseModel.id,
+            BaseModel.name,
+            BaseModel.tenant_id,
+            *(
+                getattr(d, c).label(f"{d_name}_{c}")
+                for d_name, d in (("forget", forget), ("retain", retain))
+                for c in _DATASET_COLUMNS
+            ),
+            existing.label("existing_id"),
+        )
         .select_from(BaseModel)
         .join(forget, forget.id == bindparam("forget_id"))
         .join(retain, retain.id == bindparam("retain_id"))
@@ -178,24 +212,24 @@ def _claim_query() -> Select[Any]:
         )
         .with_for_update(key_share=True, of=BaseModel)
         .suffix_with("FOR SHARE OF forget, retain", dialect="postgresql")  # one statement, two lock modes
-        .options(  # the columns a submission reads (a row's other columns cost CPU to describe and load)
-            load_only(BaseModel.id, BaseModel.name, BaseModel.tenant_id),
-            *(load_only(*(getattr(d, c) for c in _DATASET_COLUMNS)) for d in (forget, retain)),
-        )
-        .execution_options(populate_existing=True)
     )
-
-
-# What `submit_request` reads of a dataset (`_dataset`'s checks, the audit entry, the step cap).
-_DATASET_COLUMNS = ("id", "tenant_id", "purged_at", "purge_reason", "sha256", "rows")
+    if dialect != "postgresql":
+        return claim
+    # The audit chain's append lock, in the order every writer takes the two: the base model's row, then the
+    # chain. PostgreSQL computes a locking query's select list before it locks the rows, so the chain's lock
+    # is taken by an outer query.
+    rows = claim.subquery("claim")
+    return select(*rows.c, audit.CHAIN_LOCK.label("chain_lock"))
 
 
 def _claim(
     session: Session, tenant_id: str, base_model: str, dataset_ids: list[Any], idempotency_key: str | None
 ) -> _Claim | None:
     """One statement for what a submission reads before it writes: the base model, locked FOR NO KEY UPDATE
-    (queue numbering in submission order), both datasets FOR SHARE (see `_dataset`), and the id stored under
-    the Idempotency-Key. None when the base model or a dataset is missing: the step-by-step checks name it."""
+    (queue numbering in submission order), both datasets FOR SHARE (see `_dataset`), the id stored under
+    the Idempotency-Key and, on PostgreSQL, the audit chain's append lock (the entry is appended by the
+    INSERT: `_insert_queued`). None when the base model or a dataset is missing: the step-by-step checks
+    name it."""
     if not all(isinstance(i, str) and i for i in dataset_ids):
         return None
     params = {
@@ -205,11 +239,25 @@ def _claim(
         "retain_id": dataset_ids[1],
         "key": idempotency_key,
     }
-    row = session.execute(_claim_query(), params).one_or_none()
+    dialect = session.get_bind().dialect.name
+    row = session.execute(_claim_query(dialect), params).one_or_none()
     if row is None:
         return None
-    model, forget, retain, existing_id = row
-    return _Claim(model, {forget.id: forget, retain.id: retain}, existing_id)
+    n = len(_DATASET_COLUMNS)
+    forget, retain = DatasetRow(*row[3 : 3 + n]), DatasetRow(*row[3 + n : 3 + 2 * n])
+    model = _attached_model(session, id=row[0], name=row[1], tenant_id=row[2])
+    return _Claim(model, {forget.id: forget, retain.id: retain}, row[3 + 2 * n], dialect == "postgresql")
+
+
+def _attached_model(session: Session, *, id: str, name: str, tenant_id: str | None) -> BaseModel:
+    """The claimed base model as an entity of `session`, without a query: the one its identity map holds,
+    or one made from the claim's columns (its other attributes load if read)."""
+    model = session.identity_map.get(identity_key(BaseModel, id))
+    if model is None:
+        model = BaseModel(id=id, name=name, tenant_id=tenant_id)
+        make_transient_to_detached(model)
+        session.add(model)
+    return cast(BaseModel, model)
 
 
 def _locked_base_model(session: Session, tenant_id: str, base_model: str) -> BaseModel:
@@ -234,19 +282,19 @@ def _locked_base_model(session: Session, tenant_id: str, base_model: str) -> Bas
 SUBMITTED_CHANNEL = "blade_request_submitted"
 
 
-@functools.cache
-def _insert_statement(dialect: str) -> Any:
-    """Built once per dialect (see `_insert_queued`). A Core INSERT read back as the entity
-    (`from_statement`): half the CPU of an ORM-enabled INSERT."""
-    table = cast(Table, UnlearnRequest.__table__)  # a mapped class's table (typed as any FromClause)
-    model_id: BindParameter[str] = bindparam("seq_base_model_id")
-    next_seq = (
+def _next_queue_seq(table: Table, model_id: BindParameter[str]) -> Any:
+    """The base model's last `queue_seq` + 1 (read under its row lock: `_claim`)."""
+    return (
         select(func.coalesce(func.max(table.c.queue_seq), 0) + 1)
         .where(table.c.base_model_id == model_id)
         .scalar_subquery()
     )
+
+
+def _ahead(table: Table, model_id: BindParameter[str]) -> Any:
+    """A column `ahead`: the base model's unfinished requests other than the new one (all ahead of it)."""
     other = table.alias("other")
-    ahead = (
+    return (
         select(func.count())
         .select_from(other)
         .where(
@@ -255,20 +303,11 @@ def _insert_statement(dialect: str) -> Any:
         .scalar_subquery()
         .label("ahead")
     )
-    returned: list[Any] = [*table.c, ahead]
-    if dialect == "postgresql":  # the append lock; the relay's wake-up call, delivered on commit
-        returned += [audit.CHAIN_LOCK, func.pg_notify(SUBMITTED_CHANNEL, "")]
-    inserts: dict[str, Callable[[Table], postgresql.Insert | sqlite.Insert]] = {
-        "postgresql": postgresql.insert,
-        "sqlite": sqlite.insert,
-    }
-    insert = inserts[dialect]
-    statement = (
-        insert(table)
-        .values(queue_seq=next_seq)
-        .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
-        .returning(*returned)
-    )
+
+
+def _read_back(statement: Any) -> Any:
+    """`statement`'s row read as the request (`from_statement`: half the CPU of an ORM-enabled INSERT) and
+    its `ahead`."""
     return (
         select(UnlearnRequest, literal_column("ahead", Integer))
         .from_statement(statement)
@@ -276,17 +315,89 @@ def _insert_statement(dialect: str) -> Any:
     )
 
 
-def _insert_queued(session: Session, values: dict[str, Any]) -> tuple[UnlearnRequest, int] | None:
+@functools.cache
+def _insert_statement(dialect: str) -> Any:
+    """Built once per dialect (see `_insert_queued`): a Core INSERT RETURNING the row and `ahead`."""
+    table = cast(Table, UnlearnRequest.__table__)  # a mapped class's table (typed as any FromClause)
+    model_id: BindParameter[str] = bindparam("seq_base_model_id")
+    returned: list[Any] = [*table.c, _ahead(table, model_id)]
+    if dialect == "postgresql":  # the relay's wake-up call, delivered on commit
+        returned.append(func.pg_notify(SUBMITTED_CHANNEL, ""))
+    inserts: dict[str, Callable[[Table], postgresql.Insert | sqlite.Insert]] = {
+        "postgresql": postgresql.insert,
+        "sqlite": sqlite.insert,
+    }
+    insert = inserts[dialect]
+    statement = (
+        insert(table)
+        .values(queue_seq=_next_queue_seq(table, model_id))
+        .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
+        .returning(*returned)
+    )
+    return _read_back(statement)
+
+
+# The attributes a submission sets on the new request (`submit_request`); the others take their defaults.
+_SUBMITTED = (
+    "tenant_id",
+    "base_model_id",
+    "forget_dataset_id",
+    "retain_dataset_id",
+    "method",
+    "params",
+    "meta",
+    "idempotency_key",
+    "request_fingerprint",
+    "status",
+    "total_steps",
+    "created_by_key_id",
+    "trace_id",
+)
+
+
+@functools.cache
+def _insert_with_entry_statement() -> Any:
+    """PostgreSQL, built once: `_insert_statement`'s INSERT as a CTE, and the request's audit entry appended
+    from its row in the same statement (`audit.spliced_append`, the queue number spliced into the entry).
+    The transaction holds the chain's append lock since `_claim`."""
+    table = cast(Table, UnlearnRequest.__table__)
+    model_id: BindParameter[str] = bindparam("seq_base_model_id")
+    columns = UnlearnRequest.__mapper__.column_attrs
+    values: dict[Any, Any] = {
+        columns[name].columns[0]: bindparam(columns[name].columns[0].key) for name in _SUBMITTED
+    }
+    values |= {table.c.id: bindparam("id"), table.c.queue_seq: _next_queue_seq(table, model_id)}
+    inserted = (
+        postgresql.insert(table)
+        .values(values)
+        .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
+        .returning(*table.c)
+        .cte("inserted")
+    )
+    entry = audit.spliced_append(inserted, inserted.c.queue_seq).cte("entry")
+    statement = select(*inserted.c, _ahead(table, model_id), func.pg_notify(SUBMITTED_CHANNEL, "")).add_cte(
+        entry
+    )
+    return _read_back(statement)
+
+
+def _insert_queued(
+    session: Session, request_id: str, values: dict[str, Any], entry: dict[str, Any] | None
+) -> tuple[UnlearnRequest, int] | None:
     """INSERT the request (`values` by attribute name) numbered after the last of its base model (under the
     base model's lock); returns it with its queue position, or None when a concurrent request took its
     Idempotency-Key first. One statement: the number, the position (the unfinished requests of the base
-    model, all ahead of it) and, on PostgreSQL, the audit chain's append lock (`audit.CHAIN_LOCK`) and the
-    notice that wakes the submission relays (`SUBMITTED_CHANNEL`)."""
-    request_id = new_id("req")
+    model, all ahead of it), on PostgreSQL the notice that wakes the submission relays
+    (`SUBMITTED_CHANNEL`) and, given `entry` (`audit.spliced_params`), the request's audit entry."""
     columns = UnlearnRequest.__mapper__.column_attrs
     params = {columns[name].columns[0].key: value for name, value in values.items()}
     params |= {"id": request_id, "new_id": request_id, "seq_base_model_id": values["base_model_id"]}
-    row = session.execute(_insert_statement(session.get_bind().dialect.name), params).first()
+    if entry is not None:
+        statement = _insert_with_entry_statement()
+        params |= entry
+    else:
+        statement = _insert_statement(session.get_bind().dialect.name)
+    row = session.execute(statement, params).first()
     return (row[0], row[1]) if row is not None else None
 
 
@@ -311,8 +422,9 @@ def submit_request(
     submission relay publishes its task (`worker/submission_relay.py`, woken by the notice this commit
     sends on PostgreSQL), or the worker that finishes the one before it does (`jobs.next_in_line`).
 
-    Four statements when everything exists (tests/test_api_speed.py counts them): `_claim`, `_insert_queued`
-    (which also takes the audit chain's lock), and the audit entry's two."""
+    Two statements on PostgreSQL when everything exists (tests/test_api_speed.py counts them): `_claim`,
+    which also takes the audit chain's lock, and `_insert_queued`, which also appends the audit entry. On
+    SQLite the entry is appended by `audit.append` after the INSERT."""
     method = method or DEFAULT_METHOD
     body = {
         "base_model": base_model,
@@ -360,6 +472,7 @@ def submit_request(
         raise Invalid("metadata: must be an object", field="metadata")
     if len(json.dumps(metadata or {}, default=str)) > MAX_METADATA_BYTES:
         raise Invalid(f"metadata: at most {MAX_METADATA_BYTES} bytes of JSON", field="metadata")
+    locked: dict[str, DatasetRow] | dict[str, Dataset]
     if claim is not None:
         model, locked = claim.model, claim.datasets
     else:
@@ -371,8 +484,27 @@ def submit_request(
         raise Invalid("retain_dataset: must differ from forget_dataset", field="retain_dataset")
     checked = _with_service_keys(session, tenant_id, method, checked, preset, probe_datasets)
 
-    inserted = _insert_queued(  # on PostgreSQL this takes the audit chain's lock too
+    request_id = new_id("req")
+    entry: dict[str, Any] = {
+        "action": "unlearn_request.create",
+        "subject_type": "unlearn_request",
+        "subject_id": request_id,
+        "actor": actor,
+        "actor_key_id": actor_key_id,
+        "tenant_id": tenant_id,
+    }
+    data: dict[str, Any] = {
+        "base_model": model.name,
+        "method": method,
+        "params": checked,
+        "forget_sha256": forget.sha256,
+        "retain_sha256": retain.sha256,
+    }
+    chain_locked = claim is not None and claim.chain_locked
+    spliced = audit.spliced_params(**entry, data=data, slot="queue_seq") if chain_locked else None
+    inserted = _insert_queued(
         session,
+        request_id,
         {
             "tenant_id": tenant_id,
             "base_model_id": model.id,
@@ -388,6 +520,7 @@ def submit_request(
             "created_by_key_id": actor_key_id,
             "trace_id": (trace_id_var.get() or "").replace("\x00", "")[:64] or None,
         },
+        spliced,
     )
     if inserted is None:  # a concurrent request with the same Idempotency-Key committed first
         existing = _by_idempotency_key(session, tenant_id, idempotency_key) if idempotency_key else None
@@ -398,24 +531,9 @@ def submit_request(
     # What the response shows, known without loading it: its base model, and no adapter yet.
     set_committed_value(request, "base_model", model)
     set_committed_value(request, "adapter", None)
-    audit.append(
-        session,
-        action="unlearn_request.create",
-        subject_type="unlearn_request",
-        subject_id=request.id,
-        actor=actor,
-        actor_key_id=actor_key_id,
-        tenant_id=tenant_id,
-        data={
-            "base_model": model.name,
-            "method": method,
-            "params": checked,
-            "forget_sha256": forget.sha256,
-            "retain_sha256": retain.sha256,
-            "queue_seq": request.queue_seq,
-        },
-        chain_locked=True,
-    )
+    if spliced is None:  # SQLite, or an entry the INSERT could not append (`audit.spliced_params`)
+        data["queue_seq"] = request.queue_seq
+        audit.append(session, **entry, data=data, chain_locked=chain_locked)
     return request, True, ahead
 
 

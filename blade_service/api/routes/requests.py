@@ -32,9 +32,9 @@ def submit_request(
     key: SubmitKey,
     idempotency_key: str | None = Header(default=None, alias="Idempotency-Key"),
 ) -> Response:
-    """Validate and queue a request; a repeated `Idempotency-Key` returns the original request. Three
-    statements in one transaction (tests/test_api_speed.py counts them); a worker's submission relay
-    publishes the task (worker/submission_relay.py)."""
+    """Validate and queue a request; a repeated `Idempotency-Key` returns the original request. Two
+    statements in one transaction on PostgreSQL (tests/test_api_speed.py counts them); a worker's submission
+    relay publishes the task (worker/submission_relay.py)."""
     request, created, position = requests.submit_request(
         session,
         tenant_id=key.tenant_id,
