@@ -374,7 +374,8 @@ def test_a_synthesised_validation_world_keeps_its_selection_runs_in_the_cache(
     small_world, validation_world, tmp_path, monkeypatch
 ):
     """--synthetic: the selection runs live beside the world in --cache, so a bench with another --out reuses
-    them; --data keeps them under OUT/selection/."""
+    them, one directory per model size (`--quick` selects on its own target); --data keeps them under
+    OUT/selection/."""
     from blade_core.bench.selection import validation_plan
 
     data, target, _ = small_world
@@ -386,11 +387,13 @@ def test_a_synthesised_validation_world_keeps_its_selection_runs_in_the_cache(
     plans: list[bench.BenchPlan] = []
     monkeypatch.setattr(bench, "prepare_synthetic", prepared)
     monkeypatch.setattr(bench, "run_bench", lambda plan, log: plans.append(plan))
-    for out in ("a", "b"):
-        argv = ["bench", "--synthetic", "--quick", "--splits", "forget10", "--methods", "grad_diff"]
+    for out, preset in (("a", ["--quick"]), ("b", ["--quick"]), ("c", [])):
+        argv = ["bench", "--synthetic", *preset, "--splits", "forget10", "--methods", "grad_diff"]
         assert main([*argv, "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / out)]) == 0
-    shared = tmp_path / "cache" / "selection" / v_data.name
-    assert [validation_plan(p).out_dir for p in plans] == [shared, shared]
+    quick, default = (
+        tmp_path / "cache" / "selection" / f"{v_data.name}-{size}-s0" for size in ("quick", "default")
+    )
+    assert [validation_plan(p).out_dir for p in plans] == [quick, quick, default]
     assert all(p.validation is not None and p.validation.data_dir == v_data for p in plans)
     direct = bench.BenchPlan(**(vars(plans[0]) | {"validation": bench.ValidationWorld(v_data, v_target)}))
     assert validation_plan(direct).out_dir == tmp_path / "a" / "selection"

@@ -26,7 +26,7 @@ the loop), `summary.py` (mean ± std over seeds), `report.py` (results.md and th
 
 from __future__ import annotations
 
-from blade_core.bench.models import prepare_models, prepare_synthetic
+from blade_core.bench.models import model_set_name, prepare_models, prepare_synthetic
 from blade_core.bench.report import render_markdown
 from blade_core.bench.run import reference_evals, run_bench
 from blade_core.bench.settings import (
@@ -49,6 +49,7 @@ __all__ = [
     "BenchPlan",
     "BenchSettings",
     "ValidationWorld",
+    "model_set_name",
     "parse_list",
     "prepare_models",
     "prepare_synthetic",

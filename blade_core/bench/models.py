@@ -34,6 +34,12 @@ def split_paths(data_dir: Path, split: str) -> tuple[Path, Path]:
     return forget, retain
 
 
+def model_set_name(data_dir: Path, settings: BenchSettings) -> str:
+    """The name of the models one preset builds from a world (the target and its golds), e.g.
+    `world-a40-s0-default-s0`: what is cached per world and model size."""
+    return f"{data_dir.name}-{settings.model_size}-s{settings.build_seed}"
+
+
 def prepare_models(
     data_dir: Path,
     root: Path,
@@ -46,7 +52,7 @@ def prepare_models(
 ) -> tuple[Path, Path | None, dict[str, Path]]:
     """Build (or reuse: `blade model build` caches by content hash) the target and one gold model per
     split."""
-    models = root / "models" / f"{data_dir.name}-{settings.model_size}-s{settings.build_seed}"
+    models = root / "models" / model_set_name(data_dir, settings)
     cache = root / "build-cache"
 
     def build(name: str, exclude: str | None) -> Path:

@@ -182,8 +182,11 @@ def run(args: argparse.Namespace) -> int:
         v_data, v_target, _ = bench.prepare_synthetic(
             args.cache, settings, [], log, progress, world_seed=settings.validation_world_seed
         )
+        # One selection cache per world and model size: `--quick` and the default build different targets
+        # from the same validation world, and their runs must not overwrite each other's.
+        runs_dir = args.cache / "selection" / bench.model_set_name(v_data, settings)
         validation = bench.ValidationWorld(
-            v_data, v_target, settings.validation_world_seed, runs_dir=args.cache / "selection" / v_data.name
+            v_data, v_target, settings.validation_world_seed, runs_dir=runs_dir
         )
         data_dir, target, golds = bench.prepare_synthetic(args.cache, settings, gold_splits, log, progress)
     else:
