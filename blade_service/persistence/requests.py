@@ -389,6 +389,8 @@ def _insert_queued(
     Idempotency-Key first. One statement: the number, the position (the unfinished requests of the base
     model, all ahead of it), on PostgreSQL the notice that wakes the submission relays
     (`SUBMITTED_CHANNEL`) and, given `entry` (`audit.spliced_params`), the request's audit entry."""
+    # The PostgreSQL statement binds exactly `_SUBMITTED`: a value outside it would be dropped there silently.
+    assert values.keys() == set(_SUBMITTED), sorted(values.keys() ^ set(_SUBMITTED))
     columns = UnlearnRequest.__mapper__.column_attrs
     params = {columns[name].columns[0].key: value for name, value in values.items()}
     params |= {"id": request_id, "new_id": request_id, "seq_base_model_id": values["base_model_id"]}
