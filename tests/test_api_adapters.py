@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import tarfile
 
 import pytest
@@ -87,7 +88,8 @@ def test_stack_disable_enable_cascade(api_client, api_app, ready, tmp_path):
         ("adapter.enable", v1, "restored after review"),
         ("adapter.disable", v1, "forget set was wrong"),
     ]
-    assert api_client.get("/audit-log/verify", headers=h).json()["intact"] is True
+    verdict = api_client.get("/audit-log/verify", headers=h).json()
+    assert verdict["intact"] is True, json.dumps(verdict)
 
 
 def test_download_streams_the_stored_archive(api_client, api_app, ready, tmp_path):

@@ -368,3 +368,25 @@ def test_the_reconciler_exports_whether_the_chain_verifies(fresh_pg_url, tmp_pat
     rate_limited = settings.model_copy(update={"audit_check_interval_s": 3600})
     assert tasks._check_audit_chain(rate_limited) is None  # not due again yet
     engine.dispose()
+
+
+def test_a_refused_certificate_signs_nothing(audit_api, tmp_path):
+    """The first certificate asked of a fresh service is for a request still queued: the 409 must not leave
+    a signed head behind whose key's publication was rolled back (every later verify would fail on it)."""
+    from tests.fixtures_services import qa_rows, register_model, upload_dataset
+
+    client, _, admin = audit_api
+    tenant = _tenant_key(client, admin, "delta")
+    body = {
+        "base_model": register_model(client, tenant),
+        "forget_dataset": upload_dataset(client, tenant, qa_rows(2, "f"))["id"],
+        "retain_dataset": upload_dataset(client, tenant, qa_rows(2, "r"))["id"],
+    }
+    submitted = client.post("/unlearn-requests", headers=_h(tenant), json=body)
+    assert submitted.status_code == 202, submitted.text
+    early = client.get(f"/unlearn-requests/{submitted.json()['id']}/certificate", headers=_h(tenant))
+    assert early.status_code == 409 and early.json()["error"]["code"] == "not_succeeded"
+    assert not (tmp_path / "artifacts" / "audit-heads").exists()
+    verdict = client.get("/audit-log/verify", headers=_h(admin)).json()
+    assert verdict["intact"] and verdict["signed_heads_checked"] == 0, verdict
+    assert client.get("/audit-log/verify", headers=_h(admin)).json()["signed_heads_checked"] == 1

@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -472,15 +472,17 @@ def build_certificate(
     *,
     key: Ed25519PrivateKey,
     issued_at: datetime | None = None,
-    signed_head: dict[str, Any] | None = None,
+    sign_head: Callable[[], dict[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
     """The signed certificate for one succeeded request, read from the database (not stored).
 
-    `signed_head`: the audit chain's signed head record at issue (`persistence/audit_heads.py`), embedded so
-    `GET /audit-log/verify` can later show the log was not cut back past this certificate.
+    `sign_head`: signs the audit chain's head at issue (`persistence/audit_heads.py`); its record is embedded
+    so `GET /audit-log/verify` can later show the log was not cut back past this certificate. It is called
+    only once the request is known to be certifiable: a signed head goes to the artifact store at once, and
+    one signed by a key whose publication is then rolled back would fail every later verify.
     """
     parts = gather(session, request_id)
-    parts["audit_head"]["signed_head"] = signed_head
+    parts["audit_head"]["signed_head"] = sign_head() if sign_head is not None else None
     issuer = {"service": "blade-unlearning", "signing_key_id": signing.key_id(key)}
     return sign_certificate(assemble_certificate(**parts, issued_at=issued_at, issuer=issuer), key)
 
@@ -495,8 +497,12 @@ def issue_certificate(
 
     key = signing.load_private_key(settings)
     kid = signing.publish_key(session, key)
-    signed_head = current_signed_head(session, get_storage(settings), settings)
-    doc = build_certificate(session, request_id, key=key, signed_head=signed_head)
+    doc = build_certificate(
+        session,
+        request_id,
+        key=key,
+        sign_head=lambda: current_signed_head(session, get_storage(settings), settings),
+    )
     text = canonical_json(doc).decode()
     row = Certificate(
         request_id=request_id,
