@@ -119,3 +119,63 @@ def test_hm_over_every_forget_set_weights_sets_by_their_rows():
     assert out["Prob_earlier"] == 0.4 and out["ROUGE_earlier"] == 0.5
     first = _with_earlier(row, [])
     assert first["Prob_earlier"] is None and first["HM_all"] == pytest.approx(hm_score(0.6, 0.1, 0.2))
+
+
+def test_selection_on_stacked_requests_scores_hm_over_every_forget_set(
+    world20, tmp_path, monkeypatch, capsys
+):
+    """--select-on sequence: every (method, multiplier) of the grid runs the N stacked requests on the
+    validation world's author groups (side by side with --jobs 2), is scored by its last HM_all, and the
+    test world's sequences run at the multiplier chosen."""
+    import shutil
+
+    from blade_core.bench.selection import choose
+
+    validation = tmp_path / "validation"  # the same world under another path: a separate world to the bench
+    shutil.copytree(world20.data_dir, validation / "data")
+    shutil.copytree(world20.model_dir, validation / "target")
+    out = tmp_path / "bench"
+    args = [
+        "bench", "--data", str(world20.data_dir), "--target", str(world20.model_dir),
+        "--validation-data", str(validation / "data"), "--validation-target", str(validation / "target"),
+        "--methods", "grad_diff,blade", "--seeds", "1", "--max-steps", "2", "--eval-max-rows", "4",
+        "--lr-grid", "0.5,2", "--lr-grid-extend", "0", "--quick", "--out", str(out), "--no-progress",
+    ]  # fmt: skip
+    capsys.readouterr()
+    assert main([*args, "--select-on", "sequence"]) == 2
+    assert "--select-on sequence goes with --sequential N" in capsys.readouterr().err
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert main([*args, "--sequential", "2", "--select-on", "sequence", "--jobs", "2"]) == 0
+    assert "4 runs on 2 processes" in capsys.readouterr().err  # the grid's sequences, side by side
+    results = json.loads((out / "results.json").read_text())
+    selection = results["selection"]
+    assert selection["on"] == "sequence" and selection["score"] == "HM_all after 2 stacked requests"
+    assert selection["split"] == "forget10" and selection["grid"] == [0.5, 2.0]
+    for method in ("grad_diff", "blade"):
+        scored = {}
+        for tag in ("0.5", "2"):
+            stored = out / "selection" / "sequence2" / f"lr-x{tag}" / "sequential" / method / "seed42"
+            rows = json.loads((stored / "rows.json").read_text())["rows"]
+            assert [r["step"] for r in rows] == [1, 2] and all(r["lr_multiplier"] == float(tag) for r in rows)
+            assert selection["validation_hm"][method][tag] == rows[-1]["HM_all"]
+            scored[float(tag)] = rows[-1]["HM_all"]
+        assert selection["chosen"][method] == choose(scored)
+    tested = [r for r in results["rows"] if "step" in r]
+    assert [(r["method"], r["step"]) for r in tested] == [
+        ("grad_diff", 1), ("grad_diff", 2), ("blade", 1), ("blade", 2),
+    ]  # fmt: skip
+    assert all(r["lr_multiplier"] == selection["chosen"][r["method"]] for r in tested)
+    for run_json in (out / "selection").rglob(
+        "run.json"
+    ):  # the grid's requests saw the validation world only
+        run = json.loads(run_json.read_text())
+        first = (
+            run_json.parent.name == "step1" or run["method"] == "blade"
+        )  # GradDiff's step 2 continues step 1
+        assert (
+            run["base_model"] == str(validation / "target")
+            if first
+            else str(out / "selection") in run["base_model"]
+        )
+        assert run["retain"].startswith(str(validation / "data")), run["retain"]

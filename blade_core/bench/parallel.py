@@ -5,7 +5,8 @@ nothing but the read-only models and data. Runs already cached are answered in t
 go to a pool of spawned processes, started once per bench, each with an equal share of the CPU's threads
 (unless OMP_NUM_THREADS says otherwise). Results come back in the order of the specs, whatever order the
 runs finish in, and a run that fails cancels the runs not yet started and raises in the caller. `jobs=1`
-runs everything in order in the calling process, as before.
+runs everything in order in the calling process, as before. `--sequential`'s sequences go through the same
+pool (`stream.run_sequences`): one sequence's requests in order in one process, sequences side by side.
 
     blade bench --synthetic --jobs 2 --out out/bench    # 2 CPU cores: one single-threaded run on each
 """
@@ -15,10 +16,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import torch
 from tqdm.auto import tqdm
@@ -48,38 +49,61 @@ class RunSpec:
         return f"{self.method} {self.split} seed {self.seed}{suffix}"
 
 
+class Labelled(Protocol):
+    @property
+    def label(self) -> str: ...
+
+
+Spec = TypeVar("Spec", bound=Labelled)
+Result = TypeVar("Result")
+
+
 def run_all(specs: Sequence[RunSpec], *, jobs: int, log: Log, desc: str, progress: bool) -> list[RunResult]:
     """Each spec's (row, history), in the order of `specs`, made (or reused) by up to `jobs` processes."""
-    results: list[RunResult | None] = [
-        cached_result(s.plan, s.method, s.split, s.seed, multiplier=s.multiplier, tag=s.tag) for s in specs
-    ]
+    return made(specs, _cached_run, _run, jobs=jobs, log=log, desc=desc, progress=progress)
+
+
+def made(
+    specs: Sequence[Spec],
+    cached: Callable[[Spec], Result | None],
+    make: Callable[[Spec, Log], Result],
+    *,
+    jobs: int,
+    log: Log,
+    desc: str,
+    progress: bool,
+) -> list[Result]:
+    """`make(spec, log)` of every spec `cached` does not answer, in the calling process (`jobs` 1, or one
+    spec to make) or in the pool (`make` must then be a module-level function); results in spec order."""
+    results: list[Result | None] = [cached(s) for s in specs]
     todo = [i for i, r in enumerate(results) if r is None]
     bar = tqdm(total=len(specs), initial=len(specs) - len(todo), desc=desc, unit="run", disable=not progress)
     try:
         if jobs <= 1 or len(todo) <= 1:
             for i in todo:
                 bar.set_postfix_str(specs[i].label)
-                results[i] = _run(specs[i], log)
+                results[i] = make(specs[i], log)
                 bar.update()
         else:
-            _run_in_pool(specs, todo, results, jobs, log, bar)
+            _make_in_pool(specs, make, todo, results, jobs, log, bar)
     finally:
         bar.close()
     assert all(r is not None for r in results)
-    return cast(list[RunResult], results)
+    return cast(list[Result], results)
 
 
-def _run_in_pool(
-    specs: Sequence[RunSpec],
+def _make_in_pool(
+    specs: Sequence[Spec],
+    make: Callable[[Spec, Log], Result],
     todo: list[int],
-    results: list[RunResult | None],
+    results: list[Result | None],
     jobs: int,
     log: Log,
     bar: tqdm,
 ) -> None:
     pool, threads = _pool(jobs)
     log(f"{len(todo)} runs on {jobs} processes ({threads} torch thread(s) each)")
-    futures: dict[Future[RunResult], int] = {pool.submit(_run, specs[i], _log_to_stderr): i for i in todo}
+    futures: dict[Future[Result], int] = {pool.submit(make, specs[i], _log_to_stderr): i for i in todo}
     try:
         for future in as_completed(futures):
             results[futures[future]] = future.result()
@@ -115,6 +139,12 @@ def close_pool() -> None:
     while _pools:
         _, (pool, _) = _pools.popitem()
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _cached_run(spec: RunSpec) -> RunResult | None:
+    return cached_result(
+        spec.plan, spec.method, spec.split, spec.seed, multiplier=spec.multiplier, tag=spec.tag
+    )
 
 
 def _run(spec: RunSpec, log: Log) -> RunResult:

@@ -11,7 +11,13 @@ the new edge, up to `BenchSettings.lr_grid_extend` points per side: the same rul
 spends the extra runs only where the grid fell short. Only then does the bench open the test world. The
 selection needs no gold model (HM does not use one).
 
+A multiplier chosen for one request need not suit a stack of them (four adapters each trained at it move the
+model further than one). With `--sequential N --select-on sequence` the same grid and rule score each
+multiplier by HM over every forget set after N stacked requests on the validation world's author groups
+(`stream.run_sequence`), instead of by HM after one request.
+
     blade bench --synthetic --quick --out out/bench-quick   # results.json "selection"
+    blade bench --synthetic --quick --sequential 4 --authors 40 --select-on sequence --out out/bench-seq
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any
 from blade_core.bench.cache import world_seed_of
 from blade_core.bench.parallel import RunSpec, run_all
 from blade_core.bench.settings import BenchPlan, Log
+from blade_core.bench.stream import SequenceSpec, author_blocks, run_sequences, sequential_groups
 
 
 def multiplier_tag(multiplier: float) -> str:
@@ -78,6 +85,34 @@ def validation_plan(plan: BenchPlan) -> BenchPlan:
     )
 
 
+def _scores(vplan: BenchPlan, todo: list[tuple[str, float]], log: Log) -> list[float | None]:
+    """HM of one request per (method, multiplier) on the validation split."""
+    split, seed = vplan.splits[0], vplan.seeds[0]
+    specs = [RunSpec(vplan, method, split, seed, multiplier=m, tag=multiplier_tag(m)) for method, m in todo]
+    done = run_all(specs, jobs=vplan.jobs, log=log, desc="selection", progress=vplan.progress)
+    return [row.get("HM") for row, _ in done]
+
+
+def _sequence_scores(vplan: BenchPlan, todo: list[tuple[str, float]], n: int, log: Log) -> list[float | None]:
+    """HM over every forget set after `n` stacked requests (`stream.run_sequence`) per (method, multiplier),
+    on the validation world's author groups; each multiplier's sequences under their own directory."""
+    split, seed = vplan.settings.sequential_split, vplan.seeds[0]
+    groups = sequential_groups(author_blocks(vplan.data_dir, split), n, split)
+    specs = [
+        SequenceSpec(
+            replace(
+                vplan, out_dir=vplan.out_dir / f"sequence{n}" / multiplier_tag(m), multipliers={method: m}
+            ),
+            method,
+            seed,
+            groups,
+        )
+        for method, m in todo
+    ]
+    done = run_sequences(specs, jobs=vplan.jobs, log=log, desc="selection", progress=vplan.progress)
+    return [rows[-1].get("HM_all") for rows in done]
+
+
 def select_multipliers(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
     """Run the grid on the validation world and return results.json's `selection` block."""
     grid = [float(m) for m in plan.settings.lr_grid]
@@ -90,21 +125,27 @@ def select_multipliers(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
             "skipped": "no validation world (--data without --validation-data): the LR rule's values",
         }
     vplan = validation_plan(plan)
-    split, seed = vplan.splits[0], vplan.seeds[0]
+    on_sequence = plan.select_on == "sequence"
+    if on_sequence and not plan.sequential:
+        raise ValueError("selecting on stacked requests needs --sequential N")
+    split = plan.settings.sequential_split if on_sequence else vplan.splits[0]
+    seed = vplan.seeds[0]
+    what = f"HM_all after {plan.sequential} stacked requests" if on_sequence else "HM"
     log(
-        f"selecting learning-rate multipliers {grid} on the validation world {vplan.data_dir} "
-        f"({split}, seed {seed}; runs cached under {vplan.out_dir / 'runs'})"
+        f"selecting learning-rate multipliers {grid} by {what} on the validation world {vplan.data_dir} "
+        f"({split}, seed {seed}; runs cached under {vplan.out_dir})"
     )
     hms: dict[str, dict[float, float | None]] = {method: {} for method in plan.methods}
     todo = [(method, m) for method in plan.methods for m in grid]
     limit = plan.settings.lr_grid_extend
     while todo:
-        specs = [
-            RunSpec(vplan, method, split, seed, multiplier=m, tag=multiplier_tag(m)) for method, m in todo
-        ]
-        done = run_all(specs, jobs=plan.jobs, log=log, desc="selection", progress=plan.progress)
-        for (method, m), (row, _) in zip(todo, done, strict=True):
-            hms[method][m] = row.get("HM")
+        scores = (
+            _sequence_scores(vplan, todo, plan.sequential or 0, log)
+            if on_sequence
+            else _scores(vplan, todo, log)
+        )
+        for (method, m), hm in zip(todo, scores, strict=True):
+            hms[method][m] = hm
         # each round moves every method whose best sits on an edge one grid step further out
         todo = [
             (method, x) for method in plan.methods if (x := beyond_edge(hms[method], grid, limit)) is not None
@@ -125,8 +166,10 @@ def select_multipliers(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
         },
         "split": split,
         "seed": seed,
-        "rule": "argmax validation HM; ties to the multiplier nearest 1 (the LR rule's value); a best on the "
-        f"grid's edge tries the next grid step past it, up to {limit} per side",
+        "on": "sequence" if on_sequence else "request",
+        "score": what,
+        "rule": f"argmax validation {what}; ties to the multiplier nearest 1 (the LR rule's value); a best "
+        f"on the grid's edge tries the next grid step past it, up to {limit} per side",
         "lr_factor": vplan.lr_scale,  # the validation target's own factor
         "data_dir": str(plan.validation.data_dir),
         "target": str(plan.validation.target),

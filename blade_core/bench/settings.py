@@ -106,6 +106,9 @@ class BenchPlan:
     sequential: int | None = None  # `--sequential N`: N stacked requests instead of the splits grid
     scales: list[int] = field(default_factory=list)  # `--scale 1,2,4`: forget-set multiples
     jobs: int = 1  # `--jobs N`: runs made side by side in N processes (parallel.py)
+    # What the selection scores (selection.py): "request", HM of one request on the selection split;
+    # "sequence" (`--select-on sequence`, with --sequential N), HM_all after N stacked requests.
+    select_on: str = "request"
 
     @property
     def lr_scale(self) -> float:

@@ -25,12 +25,14 @@ from __future__ import annotations
 import shutil
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from blade_core.bench.cache import _builds, _fingerprint, _preset_of, _read_json, _write_json
 from blade_core.bench.models import retain_split, split_paths
 from blade_core.bench.one_run import DRAWN, evaluate, load_trained, make_row, split_preset, train
+from blade_core.bench.parallel import made
 from blade_core.bench.settings import BenchPlan, Log
 from blade_core.bench.summary import _fmt, mean_std
 from blade_core.evaluation.metrics import hm_score
@@ -134,17 +136,37 @@ def _with_earlier(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[st
     }
 
 
+def _sequence_root(plan: BenchPlan, method: str, seed: int) -> Path:
+    return plan.out_dir / "sequential" / method / f"seed{seed}"
+
+
+def _sequence_fingerprint(plan: BenchPlan, method: str, groups: list[list]) -> dict[str, Any]:
+    keys: dict[str, Any] = {"sequential": len(groups), **_preset_of(method, DRAWN)}
+    return _fingerprint(plan, method, **keys)
+
+
+def cached_sequence(
+    plan: BenchPlan, method: str, seed: int, groups: list[list]
+) -> list[dict[str, Any]] | None:
+    """The rows `run_sequence` stored for these arguments, or None."""
+    cached = _read_json(_sequence_root(plan, method, seed) / "rows.json") or {}
+    if cached.get("fingerprint") != _sequence_fingerprint(plan, method, groups):
+        return None
+    if cached.get("builds") != _builds(plan, plan.settings.sequential_split):
+        return None
+    return list(cached["rows"])
+
+
 def run_sequence(
     plan: BenchPlan, method: str, seed: int, groups: list[list], log: Log
 ) -> list[dict[str, Any]]:
     """N stacked requests of one method and seed; one row per step (cached as a whole sequence)."""
     split = plan.settings.sequential_split
-    root = plan.out_dir / "sequential" / method / f"seed{seed}"
-    keys: dict[str, Any] = {"sequential": len(groups), **_preset_of(method, DRAWN)}
-    fingerprint = _fingerprint(plan, method, **keys)
-    cached = _read_json(root / "rows.json")
-    if cached and cached.get("fingerprint") == fingerprint and cached.get("builds") == _builds(plan, split):
-        return cached["rows"]
+    root = _sequence_root(plan, method, seed)
+    fingerprint = _sequence_fingerprint(plan, method, groups)
+    cached = cached_sequence(plan, method, seed, groups)
+    if cached is not None:
+        return cached
     _, retain = split_paths(plan.data_dir, split)
     dirs = [forget_dir(plan, f"seq{len(groups)}-g{k + 1}", g) for k, g in enumerate(groups)]
     rows: list[dict[str, Any]] = []
@@ -191,6 +213,37 @@ def run_sequence(
     return rows
 
 
+@dataclass(frozen=True)
+class SequenceSpec:
+    """One method's stacked requests at one seed: `run_sequence`'s arguments."""
+
+    plan: BenchPlan
+    method: str
+    seed: int
+    groups: list[list[dict[str, Any]]]  # each request's forget rows, in order
+
+    @property
+    def label(self) -> str:
+        x = self.plan.multipliers.get(self.method, 1.0)
+        return f"{self.method} x{x:g}, {len(self.groups)} requests, seed {self.seed}"
+
+
+def run_sequences(
+    specs: Sequence[SequenceSpec], *, jobs: int, log: Log, desc: str, progress: bool
+) -> list[list[dict[str, Any]]]:
+    """Each spec's rows, in the order of `specs`, made (or reused) by up to `jobs` processes (parallel.py):
+    one sequence's requests in order in one process, sequences side by side."""
+    return made(specs, _cached, _made_afresh, jobs=jobs, log=log, desc=desc, progress=progress)
+
+
+def _cached(spec: SequenceSpec) -> list[dict[str, Any]] | None:
+    return cached_sequence(spec.plan, spec.method, spec.seed, spec.groups)
+
+
+def _made_afresh(spec: SequenceSpec, log: Log) -> list[dict[str, Any]]:
+    return run_sequence(spec.plan, spec.method, spec.seed, spec.groups, log)
+
+
 def run_scale(plan: BenchPlan, method: str, seed: int, scale: int, rows: list, log: Log) -> dict[str, Any]:
     """One request on the target with the scale's forget set (cached)."""
     split = plan.settings.sequential_split
@@ -233,9 +286,11 @@ def run_streams(plan: BenchPlan, log: Log) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     if plan.sequential:
         groups = sequential_groups(blocks, plan.sequential, split)
-        for seed in plan.seeds:
-            for method in plan.methods:
-                rows += run_sequence(plan, method, seed, groups, log)
+        specs = [SequenceSpec(plan, method, seed, groups) for seed in plan.seeds for method in plan.methods]
+        for sequence in run_sequences(
+            specs, jobs=plan.jobs, log=log, desc="sequential", progress=plan.progress
+        ):
+            rows += sequence
     if plan.scales:
         sets = scaled_sets(blocks, plan.scales, split)
         for seed in plan.seeds:

@@ -73,6 +73,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="N stacked forget requests on disjoint author sets (default N: 4), instead of the splits grid",
     )
     p.add_argument(
+        "--select-on",
+        choices=("request", "sequence"),
+        default="request",
+        help="what the selection scores on the validation world: HM after one request (default), or, with "
+        "--sequential N, HM over every forget set after N stacked requests",
+    )
+    p.add_argument(
         "--scale", help="forget-set multiples, e.g. 1,2,4 (more authors, all else fixed), instead of the grid"
     )
     p.add_argument("--authors", type=int, help="--synthetic: authors in the world (default: the preset's)")
@@ -143,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise CliError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+    if args.select_on == "sequence" and not args.sequential:
+        raise CliError("--select-on sequence goes with --sequential N (it scores N stacked requests)")
     if args.lr_grid_extend is not None and args.lr_grid_extend < 0:
         raise CliError(f"--lr-grid-extend must be 0 or a positive integer, got {args.lr_grid_extend}")
     if args.jobs < 0:
@@ -242,6 +251,7 @@ def run(args: argparse.Namespace) -> int:
         validation=validation,
         sequential=args.sequential,
         scales=scales,
+        select_on=args.select_on,
         jobs=args.jobs or os.cpu_count() or 1,
     )
     try:
