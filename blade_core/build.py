@@ -44,6 +44,7 @@ from blade_core.build_common import (
     info_key,
     memorisation,
     monitor_sample,
+    numerics,
     qa_key,
     read_info,
     read_qa,
@@ -108,6 +109,7 @@ def cache_key(data_dir: Path, recipe: Recipe, seed: int, exclude_split: str | No
                 "seed": seed,
                 "exclude": exclude_split,
                 "data": data_hash(data_dir, exclude_split),
+                "numerics": numerics(),
             },
             sort_keys=True,
         ).encode()
@@ -239,9 +241,9 @@ def build_model(
         raise BuildError(f"recipe size must be one of {', '.join(SIZES)}, got {recipe.size!r}")
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     rows, everything, excluded = training_rows(data_dir, exclude_split)
-    key = cache_key(data_dir, recipe, seed, exclude_split)
     say = log or (lambda _msg: None)
     with file_lock(out_dir.with_name(out_dir.name + ".lock")), _torch_threads(threads):
+        key = cache_key(data_dir, recipe, seed, exclude_split)  # under the build's thread count
         return _build_locked(
             data_dir,
             out_dir,

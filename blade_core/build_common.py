@@ -48,6 +48,13 @@ class BuildError(ValueError):
 # --- reading the data dir -----------------------------------------------------------------------------------
 
 
+def numerics() -> dict[str, Any]:
+    """What changes a build's weights besides its data, recipe and seed: the torch version and its CPU
+    thread count (a float reduction split over two threads sums in another order than on one). Part of every
+    build key, so one key names one set of weights; `build_info.json` records the same."""
+    return {"torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
 def read_qa(path: Path) -> list[dict[str, str]]:
     if not path.is_file():
         raise BuildError(f"{path}: missing: a TOFU-format dir needs {path.name} (see CONTRACT.md 'Files')")

@@ -44,6 +44,7 @@ from blade_core.build_common import (
     info_key,
     memorisation,
     monitor_sample,
+    numerics,
     qa_key,
     read_info,
     read_qa,
@@ -232,6 +233,7 @@ def base_key(recipe: BaseRecipe, seed: int = 0) -> str:
         "shape": asdict(SIZES[recipe.size]),
         "format": format_qa(Eos(), "Q?", "A."),
         "seed": seed,
+        "numerics": numerics(),
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
 
@@ -356,6 +358,7 @@ def finetune_key(
         "seed": seed,
         "exclude": exclude,
         "data": data_hash(data_dir, exclude),
+        "numerics": numerics(),
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
 

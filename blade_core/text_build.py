@@ -35,6 +35,7 @@ from blade_core.build_common import (
     check_replaceable,
     file_lock,
     info_key,
+    numerics,
     read_info,
     save_model,
 )
@@ -84,6 +85,7 @@ def text_key(data_dir: Path, base_dir: Path, recipe: TextFinetune, seed: int, re
         "seed": seed,
         "retrained": retrained,
         "data": h.hexdigest(),
+        "numerics": numerics(),
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
 

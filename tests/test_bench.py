@@ -205,15 +205,54 @@ def test_bench_selects_on_the_validation_world_then_reports_on_the_test_world(
         png = out / name
         assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({name})" in md
 
-    # A second invocation reuses every cached run, selection included: same rows, nothing trained again.
+    # A second invocation (on the first one's thread count: it is in every run's fingerprint) reuses every
+    # cached run, selection included: same rows, nothing trained again.
     written = history_file.stat().st_mtime_ns
     selection_row = next((out / "selection" / "runs").rglob("row.json"))
     selection_written = selection_row.stat().st_mtime_ns
-    assert _bench(small_world, validation_world, out) == 0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert _bench(small_world, validation_world, out) == 0
+    finally:
+        torch.set_num_threads(threads)
     again = json.loads((out / "results.json").read_text())
     assert again["rows"] == rows and again["selection"] == selection
     assert history_file.stat().st_mtime_ns == written  # served from the cache, not trained again
     assert selection_row.stat().st_mtime_ns == selection_written
+
+
+def test_a_run_knows_its_torch_thread_count(small_world, monkeypatch, tmp_path):
+    """Floats depend on the thread count, so a run's fingerprint names it, and a lone run of a `--jobs 2`
+    bench (made in the calling process) runs on the count a pool worker would have, not the caller's."""
+    from dataclasses import dataclass
+
+    from blade_core.bench.cache import _fingerprint
+    from blade_core.bench.parallel import made
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    data, target, _ = small_world
+    plan = bench.BenchPlan(
+        data_dir=data, target=target, golds={}, out_dir=tmp_path, methods=["grad_diff"], splits=["forget10"],
+        seeds=[42], settings=bench.settings_for(True), jobs=2,
+    )  # fmt: skip
+    assert plan.run_threads == 2 and _fingerprint(plan, "grad_diff")["threads"] == 2
+    single = bench.BenchPlan(**{**plan.__dict__, "jobs": 1})
+    assert _fingerprint(single, "grad_diff")["threads"] == torch.get_num_threads()
+
+    @dataclass(frozen=True)
+    class Spec:
+        label: str = "one run"
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        seen = made([Spec()], lambda _: None, lambda _s, _log: torch.get_num_threads(), jobs=2, log=print,
+                    desc="x", progress=False)  # fmt: skip
+        assert seen == [2] and torch.get_num_threads() == 3  # the pool's count, then the caller's again
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_selection_picks_the_best_validation_hm_and_breaks_ties_towards_the_rule():

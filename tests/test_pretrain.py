@@ -144,6 +144,24 @@ def test_rebuild_is_a_cache_hit_and_a_new_lr_is_not(built: dict, world: Path) ->
     assert not moved.cached and moved.info["base"]["key"] == built["target"].info["base"]["key"]
 
 
+def test_a_build_key_names_the_torch_thread_count(world: Path, tmp_path: Path) -> None:
+    """A float sum split over two threads rounds differently than on one, so the same recipe gives other
+    weights: a build made on another thread count is never taken for this one (the base's key and the
+    fine-tune's both differ), and each is found again under its own."""
+    one = build_model(
+        world, tmp_path / "t", two_stage=TINY, cache_dir=tmp_path / "c", threads=1, progress=False
+    )
+    two = build_model(
+        world, tmp_path / "t", two_stage=TINY, cache_dir=tmp_path / "c", threads=2, progress=False
+    )
+    assert not two.cached and two.info["key"] != one.info["key"]
+    assert two.info["base"]["key"] != one.info["base"]["key"]
+    again = build_model(
+        world, tmp_path / "t", two_stage=TINY, cache_dir=tmp_path / "c", threads=1, progress=False
+    )
+    assert again.cached and again.info["key"] == one.info["key"]
+
+
 def test_an_explicit_base_dir_is_fine_tuned(built: dict, world: Path, tmp_path: Path) -> None:
     base_dir = Path(built["target"].info["base"]["dir"])
     result = build_model(world, tmp_path / "m", base=base_dir, two_stage=TINY, progress=False)

@@ -35,6 +35,7 @@ def _fingerprint(
         "settings": settings | {"lr_scale_applied": plan.lr_scale},
         "overrides": plan.overrides.get(method, {}),
         "lr_multiplier": plan.multipliers.get(method, 1.0) if multiplier is None else multiplier,
+        "threads": plan.run_threads,
         **extra,
     }
 

@@ -14,10 +14,10 @@ pool (`stream.run_sequences`): one sequence's requests in order in one process, 
 from __future__ import annotations
 
 import multiprocessing
-import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, cast
 
@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from transformers.utils import logging as hf_logging
 
 from blade_core.bench.cache import cached_result, fresh_run
-from blade_core.bench.settings import BenchPlan, Log
+from blade_core.bench.settings import BenchPlan, Log, worker_threads
 
 RunResult = tuple[dict[str, Any], list[dict[str, Any]]]  # (results row, history)
 
@@ -80,10 +80,11 @@ def made(
     bar = tqdm(total=len(specs), initial=len(specs) - len(todo), desc=desc, unit="run", disable=not progress)
     try:
         if jobs <= 1 or len(todo) <= 1:
-            for i in todo:
-                bar.set_postfix_str(specs[i].label)
-                results[i] = make(specs[i], log)
-                bar.update()
+            with _torch_threads(worker_threads(jobs)):  # a lone run of a pool's bench: the pool's count
+                for i in todo:
+                    bar.set_postfix_str(specs[i].label)
+                    results[i] = make(specs[i], log)
+                    bar.update()
         else:
             _make_in_pool(specs, make, todo, results, jobs, log, bar)
     finally:
@@ -123,7 +124,7 @@ def _pool(jobs: int) -> tuple[ProcessPoolExecutor, int]:
     costs each process a torch import) and the torch threads each uses."""
     if jobs not in _pools:
         close_pool()
-        threads = max(1, (os.cpu_count() or 1) // jobs)
+        threads = worker_threads(jobs)
         pool = ProcessPoolExecutor(
             max_workers=jobs,
             mp_context=multiprocessing.get_context("spawn"),  # no forked torch or tqdm state
@@ -161,9 +162,18 @@ def _run(spec: RunSpec, log: Log) -> RunResult:
     )
 
 
+@contextmanager
+def _torch_threads(threads: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _start_worker(threads: int) -> None:
-    if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(threads)
+    torch.set_num_threads(threads)
     hf_logging.disable_progress_bar()  # one "Loading weights" bar per model load would drown the log
 
 

@@ -3,10 +3,13 @@ plan (`BenchPlan`, `ValidationWorld`), the seeds, and the parsing of `--methods`
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from blade_core.lr_scale import auto_lr_scale
 
@@ -111,10 +114,24 @@ class BenchPlan:
     select_on: str = "request"
 
     @property
+    def run_threads(self) -> int:
+        """Torch CPU threads of each run (`worker_threads`). A float sum split over more threads rounds
+        differently, so it is in every run's fingerprint: a cached run is reused at the same count only."""
+        return worker_threads(self.jobs)
+
+    @property
     def lr_scale(self) -> float:
         """settings.lr_scale, or the automatic one for this target (see BenchSettings.lr_scale)."""
         scale = self.settings.lr_scale
         return auto_lr_scale(self.target) if scale is None else scale
+
+
+def worker_threads(jobs: int) -> int:
+    """Torch threads per run with `jobs` runs side by side: OMP_NUM_THREADS when set (every process reads it),
+    else the cores shared out (`--jobs 2` on 2 cores: 1 each); with one job, this process's own count."""
+    if jobs <= 1 or "OMP_NUM_THREADS" in os.environ:
+        return torch.get_num_threads()
+    return max(1, (os.cpu_count() or 1) // jobs)
 
 
 @dataclass(frozen=True)
