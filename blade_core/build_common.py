@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import json
 import math
+import platform
 import random
 import shutil
 from collections.abc import Callable, Sequence
@@ -48,11 +49,33 @@ class BuildError(ValueError):
 # --- reading the data dir -----------------------------------------------------------------------------------
 
 
+def cpu_identity() -> str:
+    """The CPU as its kernels see it: vendor, family and model (`/proc/cpuinfo`, Linux) and the instruction
+    set torch dispatches to, e.g. 'AuthenticAMD family 25 model 1, AVX2'."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name.strip() in ("vendor_id", "cpu family", "model") and name.strip() not in fields:
+                    fields[name.strip()] = value.strip()
+                if not line.strip():
+                    break  # the first processor's block is enough
+    except OSError:
+        pass
+    chip = platform.processor() or platform.machine()
+    if fields:
+        vendor, family, model = (fields.get(k, "?") for k in ("vendor_id", "cpu family", "model"))
+        chip = f"{vendor} family {family} model {model}"
+    return f"{chip}, {torch.backends.cpu.get_cpu_capability()}"
+
+
 def numerics() -> dict[str, Any]:
-    """What changes a build's weights besides its data, recipe and seed: the torch version and its CPU
-    thread count (a float reduction split over two threads sums in another order than on one). Part of every
-    build key, so one key names one set of weights; `build_info.json` records the same."""
-    return {"torch": torch.__version__, "threads": torch.get_num_threads()}
+    """What changes a build's weights besides its data, recipe and seed: the torch version, its CPU thread
+    count (a float reduction split over two threads sums in another order than on one) and the CPU (its
+    kernels differ by model and instruction set). Part of every build key, so one key names one set of
+    weights on every machine that builds it; `build_info.json` records the key."""
+    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": cpu_identity()}
 
 
 def read_qa(path: Path) -> list[dict[str, str]]:

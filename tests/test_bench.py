@@ -191,6 +191,7 @@ def test_bench_selects_on_the_validation_world_then_reports_on_the_test_world(
     gold_row = next(r for r in results["reference"] if r["model"] == "gold")
     assert gold_row["forget_quality"] == 1.0 and gold_row["privleak"] == 0.0
     assert results["settings"]["max_steps"] == 3 and results["machine"]["cores"] >= 1
+    assert results["machine"]["cpu_identity"].endswith(torch.backends.cpu.get_cpu_capability())
 
     history_file = out / "runs" / "pdu" / "forget10" / "seed42" / "history.json"
     history = json.loads(history_file.read_text())

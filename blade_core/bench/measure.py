@@ -12,6 +12,8 @@ import resource
 import threading
 from typing import Any
 
+from blade_core.build_common import cpu_identity
+
 
 def _release_free_memory() -> None:
     """Collect garbage and hand free heap pages back to the OS (glibc `malloc_trim`), so RSS measures anew."""
@@ -88,6 +90,7 @@ def machine() -> dict[str, Any]:
     )
     return {
         "cpu": cpu,
+        "cpu_identity": cpu_identity(),  # what a bit-for-bit comparison needs (the build keys carry it)
         "cores": cores,
         "gpu": gpu,
         "torch": torch.__version__,
