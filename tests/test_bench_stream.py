@@ -179,3 +179,25 @@ def test_selection_on_stacked_requests_scores_hm_over_every_forget_set(
             else str(out / "selection") in run["base_model"]
         )
         assert run["retain"].startswith(str(validation / "data")), run["retain"]
+
+
+def test_stream_data_dirs_are_written_once_and_rewritten_when_they_differ(world20, tmp_path):
+    """Sequences running side by side share the drawn groups' data dirs: `run_sequences` writes them before
+    any starts, and a dir that already holds its rows is left as it is (no process rewrites a file another
+    reads); one holding other rows is rewritten."""
+    from blade_core import bench
+    from blade_core.bench.stream import group_dirs
+
+    plan = bench.BenchPlan(
+        data_dir=world20.data_dir, target=world20.model_dir, golds={}, out_dir=tmp_path, methods=["blade"],
+        splits=["forget10"], seeds=[42], settings=bench.settings_for(True),
+    )  # fmt: skip
+    groups = sequential_groups(author_blocks(world20.data_dir, "forget10"), 2, "forget10")
+    dirs = group_dirs(plan, groups)
+    stamps = {p: p.stat().st_mtime_ns for d in dirs for p in d.iterdir()}
+    assert group_dirs(plan, groups) == dirs
+    assert {p: p.stat().st_mtime_ns for d in dirs for p in d.iterdir()} == stamps  # nothing written again
+    assert json.loads((dirs[1] / "forget10_perturbed.json").read_text()) == groups[1]
+    assert not list(tmp_path.rglob("*.tmp"))
+    group_dirs(plan, [groups[1], groups[0]])
+    assert json.loads((dirs[0] / "forget10_perturbed.json").read_text()) == groups[1]

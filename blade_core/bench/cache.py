@@ -5,6 +5,7 @@ reused; plus the bench's JSON reading and atomic writing, and the seed a synthes
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -108,7 +109,7 @@ def _read_json(path: Path) -> Any:
 
 def _write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp = path.with_suffix(f"{path.suffix}.{os.getpid()}.tmp")  # processes writing one path never share a tmp
     tmp.write_text(json.dumps(data, indent=1, allow_nan=False, default=_json_default) + "\n")
     tmp.replace(path)
 

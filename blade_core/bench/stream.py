@@ -22,6 +22,7 @@ AUC 0.5. Rows carry `step` or `scale`; results.md gets a table per method and a 
 
 from __future__ import annotations
 
+import filecmp
 import shutil
 import statistics
 from collections.abc import Sequence
@@ -92,15 +93,27 @@ def scaled_sets(blocks: list[list[dict[str, Any]]], scales: Sequence[int], split
 
 def forget_dir(plan: BenchPlan, name: str, rows: list[dict[str, Any]]) -> Path:
     """A TOFU-format dir whose `sequential_split` forget file holds `rows`; every other file the test
-    world's (so evaluate_split measures utility, the probes and the holdout as usual)."""
+    world's (so evaluate_split measures utility, the probes and the holdout as usual). A file that already
+    holds what it should is not written again: sequences running side by side share these dirs, which
+    `run_sequences` prepares before any starts, so they only read them."""
     split = plan.settings.sequential_split
     out = plan.out_dir / "stream-data" / name
     out.mkdir(parents=True, exist_ok=True)
     for src in plan.data_dir.glob("*.json"):
-        if src.name != "world.json" and not src.name.startswith("forget"):
-            shutil.copyfile(src, out / src.name)
-    _write_json(out / f"{split}_perturbed.json", rows)
+        if src.name == "world.json" or src.name.startswith("forget"):
+            continue
+        dst = out / src.name
+        if not (dst.is_file() and filecmp.cmp(src, dst, shallow=False)):
+            shutil.copyfile(src, dst)
+    forget = out / f"{split}_perturbed.json"
+    if _read_json(forget) != rows:
+        _write_json(forget, rows)
     return out
+
+
+def group_dirs(plan: BenchPlan, groups: Sequence[list[dict[str, Any]]]) -> list[Path]:
+    """`forget_dir` of each request of an N-request sequence."""
+    return [forget_dir(plan, f"seq{len(groups)}-g{k + 1}", g) for k, g in enumerate(groups)]
 
 
 def _earlier_metrics(plan: BenchPlan, model, tokenizer, groups: Sequence[list[dict[str, Any]]]) -> list[dict]:
@@ -168,7 +181,7 @@ def run_sequence(
     if cached is not None:
         return cached
     _, retain = split_paths(plan.data_dir, split)
-    dirs = [forget_dir(plan, f"seq{len(groups)}-g{k + 1}", g) for k, g in enumerate(groups)]
+    dirs = group_dirs(plan, groups)
     rows: list[dict[str, Any]] = []
     stack: list[Path] = []
     model_dir: Path | None = None
@@ -232,7 +245,10 @@ def run_sequences(
     specs: Sequence[SequenceSpec], *, jobs: int, log: Log, desc: str, progress: bool
 ) -> list[list[dict[str, Any]]]:
     """Each spec's rows, in the order of `specs`, made (or reused) by up to `jobs` processes (parallel.py):
-    one sequence's requests in order in one process, sequences side by side."""
+    one sequence's requests in order in one process, sequences side by side. Their shared data dirs are
+    written here first, so no two processes write one."""
+    for plan, groups in {(id(s.plan), id(s.groups)): (s.plan, s.groups) for s in specs}.values():
+        group_dirs(plan, groups)
     return made(specs, _cached, _made_afresh, jobs=jobs, log=log, desc=desc, progress=progress)
 
 
