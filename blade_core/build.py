@@ -16,7 +16,6 @@ second build with the same inputs is instant. Run: `blade model build --data /tm
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
@@ -50,6 +49,7 @@ from blade_core.build_common import (
     read_qa,
     save_model,
     split_file,
+    torch_threads,
     training_rows,
     weighted_step,
 )
@@ -219,7 +219,7 @@ def build_model(
     it on the data for 5 epochs; with `base`, that model dir is the base (any causal LM dir).
     """
     if pretrain or base is not None or two_stage is not None:
-        with _torch_threads(threads):
+        with torch_threads(threads):
             return _build_two_stage(
                 Path(data_dir),
                 Path(out_dir),
@@ -242,7 +242,7 @@ def build_model(
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     rows, everything, excluded = training_rows(data_dir, exclude_split)
     say = log or (lambda _msg: None)
-    with file_lock(out_dir.with_name(out_dir.name + ".lock")), _torch_threads(threads):
+    with file_lock(out_dir.with_name(out_dir.name + ".lock")), torch_threads(threads):
         key = cache_key(data_dir, recipe, seed, exclude_split)  # under the build's thread count
         return _build_locked(
             data_dir,
@@ -387,20 +387,6 @@ def _build_locked(
     if cache_dir is not None and Path(cache_dir).resolve() / key != out_dir.resolve():
         _copy_dir(out_dir, Path(cache_dir) / key)
     return BuildResult(out_dir, info, cached=False)
-
-
-@contextlib.contextmanager
-def _torch_threads(threads: int | None):
-    if not threads:
-        yield
-        return
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _copy_dir(src: Path, dst: Path) -> None:

@@ -11,7 +11,7 @@ import math
 import platform
 import random
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,20 @@ def cpu_identity() -> str:
         vendor, family, model = (fields.get(k, "?") for k in ("vendor_id", "cpu family", "model"))
         chip = f"{vendor} family {family} model {model}"
     return f"{chip}, {torch.backends.cpu.get_cpu_capability()}"
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """torch's CPU thread count set to `threads` (None or 0: left as it is) for the block, then restored."""
+    if not threads:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def numerics() -> dict[str, Any]:

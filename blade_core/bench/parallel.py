@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import multiprocessing
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, cast
 
@@ -27,6 +26,7 @@ from transformers.utils import logging as hf_logging
 
 from blade_core.bench.cache import cached_result, fresh_run
 from blade_core.bench.settings import BenchPlan, Log, worker_threads
+from blade_core.build_common import torch_threads
 
 RunResult = tuple[dict[str, Any], list[dict[str, Any]]]  # (results row, history)
 
@@ -80,7 +80,7 @@ def made(
     bar = tqdm(total=len(specs), initial=len(specs) - len(todo), desc=desc, unit="run", disable=not progress)
     try:
         if jobs <= 1 or len(todo) <= 1:
-            with _torch_threads(worker_threads(jobs)):  # a lone run of a pool's bench: the pool's count
+            with torch_threads(worker_threads(jobs)):  # a lone run of a pool's bench: the pool's count
                 for i in todo:
                     bar.set_postfix_str(specs[i].label)
                     results[i] = make(specs[i], log)
@@ -160,16 +160,6 @@ def _run(spec: RunSpec, log: Log) -> RunResult:
         multiplier=spec.multiplier,
         tag=spec.tag,
     )
-
-
-@contextmanager
-def _torch_threads(threads: int) -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _start_worker(threads: int) -> None:
