@@ -5,6 +5,7 @@ model dir (`build_info.json`, a lock, an atomic save)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -49,6 +50,7 @@ class BuildError(ValueError):
 # --- reading the data dir -----------------------------------------------------------------------------------
 
 
+@functools.cache  # the CPU does not change under a process: read /proc/cpuinfo once
 def cpu_identity() -> str:
     """The CPU as its kernels see it: vendor, family and model (`/proc/cpuinfo`, Linux) and the instruction
     set torch dispatches to, e.g. 'AuthenticAMD family 25 model 1, AVX2'."""
