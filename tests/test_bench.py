@@ -160,9 +160,11 @@ def test_bench_selects_on_the_validation_world_then_reports_on_the_test_world(
     for method, chosen in selection["chosen"].items():
         hms = {float(m): hm for m, hm in selection["validation_hm"][method].items()}
         assert chosen == choose(hms)
-        # a two-point grid's best is always on an edge: --lr-grid-extend 1 tries one step (x4) past it
+        # a two-point grid's best is always on an edge (or both collapsed): --lr-grid-extend 1 tries one
+        # step (x4) past it
+        collapsed = {float(m) for m in selection["collapsed"].get(method, [])}
         on_grid = choose({m: hms[m] for m in (0.5, 2.0)})
-        extra = {0.5: [0.125], 2.0: [8.0]}.get(on_grid, [])
+        extra = [0.125] if {0.5, 2.0} <= collapsed else {0.5: [0.125], 2.0: [8.0]}.get(on_grid, [])
         assert sorted(hms) == sorted([0.5, 2.0, *extra])
         assert selection["extended"].get(method, []) == extra
         expected_runs += [f"lr-x{m:g}" for m in hms]
@@ -276,6 +278,21 @@ def test_the_edge_rule_extends_the_grid_only_past_an_edge_that_holds_the_best():
     assert beyond_edge({0.125: 0.4, 0.25: 0.5, 0.5: 0.3, 1.0: 0.0}, grid, 2) is None  # bracketed now
     assert beyond_edge({0.25: 0.5, 0.5: 0.3}, grid, 0) is None
     assert beyond_edge({0.25: None, 4.0: None}, grid, 2) is None  # nothing finite: the rule's value, 1
+
+
+def test_a_method_that_collapsed_at_every_point_steps_down_past_the_low_edge():
+    grid = (0.25, 1.0, 4.0)
+    dead = {0.25: 0.0, 1.0: 0.0, 4.0: 0.0}
+    assert beyond_edge(dead, grid, 2) is None  # HM 0 everywhere: no edge holds a best
+    assert beyond_edge(dead, grid, 2, collapsed=dead) == 0.0625
+    assert beyond_edge(dead | {0.0625: 0.0}, grid, 2, collapsed={*dead, 0.0625}) == 0.015625
+    assert (
+        beyond_edge(dead | {0.0625: 0.0, 0.015625: 0.0}, grid, 2, collapsed={*dead, 0.0625, 0.015625}) is None
+    )
+    # the first point that keeps some utility ends the descent unless it is, in turn, the best on the edge
+    assert beyond_edge(dead | {0.0625: 0.3}, grid, 2, collapsed=set(dead)) == 0.015625
+    assert beyond_edge({0.25: 0.4, 1.0: 0.0, 4.0: 0.0}, grid, 2, collapsed={1.0, 4.0}) == 0.0625
+    assert beyond_edge({0.25: 0.1, 1.0: 0.4, 4.0: 0.0}, grid, 2, collapsed={4.0}) is None
 
 
 def test_parallel_runs_make_the_sequential_runs(

@@ -8,7 +8,9 @@ test world; each method keeps the multiplier with the highest HM there (ties: th
 value). A method whose best HM sits on the grid's outermost point would be judged on a grid that did not
 bracket it, so it also tries the next point one grid step further out, and again while the best stays on
 the new edge, up to `BenchSettings.lr_grid_extend` points per side: the same rule for every method, which
-spends the extra runs only where the grid fell short. Only then does the bench open the test world. The
+spends the extra runs only where the grid fell short. A method whose model utility collapsed (MU 0, so HM 0)
+at every point tried has no best to follow; every such point was too hot, so it steps down past the low
+edge the same way (`beyond_edge(collapsed=...)`). Only then does the bench open the test world. The
 selection needs no gold model (HM does not use one).
 
 A multiplier chosen for one request need not suit a stack of them (four adapters each trained at it move the
@@ -23,7 +25,7 @@ multiplier by HM over every forget set after N stacked requests on the validatio
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -49,13 +51,21 @@ def choose(hm_by_multiplier: Mapping[float, float | None]) -> float:
     return min((m for m, hm in finite.items() if hm >= best - 1e-12), key=lambda m: abs(math.log(m)))
 
 
-def beyond_edge(hms: Mapping[float, float | None], grid: Sequence[float], limit: int) -> float | None:
+def beyond_edge(
+    hms: Mapping[float, float | None],
+    grid: Sequence[float],
+    limit: int,
+    *,
+    collapsed: Collection[float] = (),
+) -> float | None:
     """The next multiplier past the grid's edge when the best validation HM so far sits on the outermost
     point tried: the edge point divided (low side) or multiplied (high side) by the grid's step there, at
-    most `limit` points past either end of `grid`; None when the best is inside (or the limit is reached)."""
+    most `limit` points past either end of `grid`; None when the best is inside (or the limit is reached).
+    When every point tried is in `collapsed` (model utility 0 there) the low side counts as the best's."""
     if limit < 1 or len(grid) < 2:
         return None
-    points, tried, best = sorted(grid), sorted(hms), choose(hms)
+    points, tried = sorted(grid), sorted(hms)
+    best = tried[0] if tried and set(tried) <= set(collapsed) else choose(hms)
     past_low, past_high = sum(m < points[0] for m in tried), sum(m > points[-1] for m in tried)
     if best == tried[0] and best <= points[0] and past_low < limit:
         return best / (points[1] / points[0])
@@ -85,17 +95,26 @@ def validation_plan(plan: BenchPlan) -> BenchPlan:
     )
 
 
-def _scores(vplan: BenchPlan, todo: list[tuple[str, float]], log: Log) -> list[float | None]:
-    """HM of one request per (method, multiplier) on the validation split."""
+def _collapsed(row: Mapping[str, Any]) -> bool:
+    """The run left the model no utility: MU measured and 0 (HM is 0 whatever it forgot)."""
+    mu = row.get("MU")
+    return isinstance(mu, (int, float)) and mu <= 0.0
+
+
+def _scores(vplan: BenchPlan, todo: list[tuple[str, float]], log: Log) -> list[tuple[float | None, bool]]:
+    """(HM, collapsed) of one request per (method, multiplier) on the validation split."""
     split, seed = vplan.splits[0], vplan.seeds[0]
     specs = [RunSpec(vplan, method, split, seed, multiplier=m, tag=multiplier_tag(m)) for method, m in todo]
     done = run_all(specs, jobs=vplan.jobs, log=log, desc="selection", progress=vplan.progress)
-    return [row.get("HM") for row, _ in done]
+    return [(row.get("HM"), _collapsed(row)) for row, _ in done]
 
 
-def _sequence_scores(vplan: BenchPlan, todo: list[tuple[str, float]], n: int, log: Log) -> list[float | None]:
-    """HM over every forget set after `n` stacked requests (`stream.run_sequence`) per (method, multiplier),
-    on the validation world's author groups; each multiplier's sequences under their own directory."""
+def _sequence_scores(
+    vplan: BenchPlan, todo: list[tuple[str, float]], n: int, log: Log
+) -> list[tuple[float | None, bool]]:
+    """(HM, collapsed) over every forget set after `n` stacked requests (`stream.run_sequence`) per (method,
+    multiplier), on the validation world's author groups; each multiplier's sequences under their own
+    directory."""
     split, seed = vplan.settings.sequential_split, vplan.seeds[0]
     groups = sequential_groups(author_blocks(vplan.data_dir, split), n, split)
     specs = [
@@ -110,7 +129,7 @@ def _sequence_scores(vplan: BenchPlan, todo: list[tuple[str, float]], n: int, lo
         for method, m in todo
     ]
     done = run_sequences(specs, jobs=vplan.jobs, log=log, desc="selection", progress=vplan.progress)
-    return [rows[-1].get("HM_all") for rows in done]
+    return [(rows[-1].get("HM_all"), _collapsed(rows[-1])) for rows in done]
 
 
 def select_multipliers(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
@@ -136,6 +155,7 @@ def select_multipliers(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
         f"({split}, seed {seed}; runs cached under {vplan.out_dir})"
     )
     hms: dict[str, dict[float, float | None]] = {method: {} for method in plan.methods}
+    collapsed: dict[str, set[float]] = {method: set() for method in plan.methods}
     todo = [(method, m) for method in plan.methods for m in grid]
     limit = plan.settings.lr_grid_extend
     while todo:
@@ -144,14 +164,22 @@ def select_multipliers(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
             if on_sequence
             else _scores(vplan, todo, log)
         )
-        for (method, m), hm in zip(todo, scores, strict=True):
+        for (method, m), (hm, dead) in zip(todo, scores, strict=True):
             hms[method][m] = hm
-        # each round moves every method whose best sits on an edge one grid step further out
+            if dead:
+                collapsed[method].add(m)
+        # each round moves every method whose best sits on an edge (or that collapsed everywhere so far)
+        # one grid step further out
         todo = [
-            (method, x) for method in plan.methods if (x := beyond_edge(hms[method], grid, limit)) is not None
+            (method, x)
+            for method in plan.methods
+            if (x := beyond_edge(hms[method], grid, limit, collapsed=collapsed[method])) is not None
         ]
         if todo:
-            log("best validation HM on the grid's edge; trying " + ", ".join(f"{a} x{m:g}" for a, m in todo))
+            log(
+                "best validation HM on the grid's edge (or MU 0 at every point); trying "
+                + ", ".join(f"{a} x{m:g}" for a, m in todo)
+            )
     chosen = {method: choose(hms[method]) for method in plan.methods}
     log("chosen LR multipliers: " + ", ".join(f"{m} x{v:g}" for m, v in chosen.items()))
     return {
@@ -164,12 +192,14 @@ def select_multipliers(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
         "extended": {
             m: [v for v in sorted(by) if v not in grid] for m, by in hms.items() if set(by) - set(grid)
         },
+        "collapsed": {m: sorted(by) for m, by in collapsed.items() if by},
         "split": split,
         "seed": seed,
         "on": "sequence" if on_sequence else "request",
         "score": what,
         "rule": f"argmax validation {what}; ties to the multiplier nearest 1 (the LR rule's value); a best "
-        f"on the grid's edge tries the next grid step past it, up to {limit} per side",
+        f"on the grid's edge tries the next grid step past it, up to {limit} per side; MU 0 at every point "
+        "tried steps down past the low edge the same way",
         "lr_factor": vplan.lr_scale,  # the validation target's own factor
         "data_dir": str(plan.validation.data_dir),
         "target": str(plan.validation.target),
