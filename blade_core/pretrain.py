@@ -41,6 +41,7 @@ from blade_core.build_common import (
     data_hash,
     encode_for_training,
     file_lock,
+    flush_denormals,
     info_key,
     memorisation,
     monitor_sample,
@@ -132,6 +133,7 @@ def _batches(lengths: Sequence[int], batch_size: int, rng: random.Random) -> lis
     return batches
 
 
+@flush_denormals()
 def fit(
     model,
     examples: Sequence[tuple[list[int], int]],
@@ -152,7 +154,6 @@ def fit(
     loss = sum_t w_t * NLL_t / sum_t w_t, w_t = 1 on answer targets and `prompt_weight` on prompt targets
     (`build_common.weighted_step`); gradients clipped to norm 1. Returns {'steps', 'epoch_loss': [...]}.
     """
-    torch.set_flush_denormal(True)
     rng = random.Random(f"blade-fit:{seed}")
     lengths = [len(ids) for ids, _ in examples]
     steps_per_epoch = math.ceil(len(examples) / batch_size)

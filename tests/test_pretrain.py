@@ -170,6 +170,21 @@ def test_an_explicit_base_dir_is_fine_tuned(built: dict, world: Path, tmp_path: 
         build_model(world, tmp_path / "n", base=tmp_path, two_stage=TINY, progress=False)
 
 
+def test_a_build_leaves_subnormal_floats_as_it_found_them(built: dict) -> None:
+    """Training flushes subnormals to zero for speed (`build_common.flush_denormals`); the build must not
+    leave that on for the rest of the process (it once did, and Hypothesis's float strategies then failed
+    in the API fuzz tests that happened to run after a build in the same worker)."""
+    import torch
+
+    from blade_core.build_common import _flushing_denormals, flush_denormals
+
+    half_tiny = torch.tensor(torch.finfo(torch.float32).tiny, dtype=torch.float32) / 2
+    assert half_tiny.item() > 0.0 and not _flushing_denormals()
+    with flush_denormals():
+        assert _flushing_denormals()
+    assert not _flushing_denormals()
+
+
 def test_tofu_schedule_warms_up_one_epoch_then_decays_to_zero() -> None:
     recipe = TWO_STAGE["default"].finetune
     assert (recipe.epochs, recipe.batch_size, recipe.weight_decay, recipe.prompt_loss_weight) == (
