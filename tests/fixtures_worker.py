@@ -37,6 +37,9 @@ ROOT = Path(__file__).resolve().parent.parent
 REDIS_BROKER_DB = int(os.environ.get("BLADE_TEST_REDIS_DB", "11"))
 REDIS_RESULT_DB = REDIS_BROKER_DB + 1
 E2E_ADMIN_KEY = "blade_e2e_admin_" + secrets.token_hex(8)
+# The worker's ROUGE generations in tests (BLADE_EVAL_MAX_NEW_TOKENS; the service's default is 200): the tiny
+# models' answers are a few tokens, and 200 greedy steps per measured row dominate a test request's time.
+EVAL_MAX_NEW_TOKENS = 16
 
 
 def free_port() -> int:
@@ -59,18 +62,26 @@ def wait_until(predicate: Any, timeout: float, interval: float = 0.2, what: str 
 
 def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
     """Signal the child's whole process group; SIGKILL it if it is still there after `timeout`."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+    stop_processes([proc], sig, timeout)
+
+
+def stop_processes(procs: list[subprocess.Popen], sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
+    """`stop_process` for several children side by side: all are signalled at once and share one `timeout`,
+    so their shutdowns overlap instead of adding up."""
+    running = []
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+                running.append(proc)
+    deadline = time.monotonic() + timeout
+    for proc in running:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
 
 
 def tail(path: Path, lines: int = 25) -> str:
@@ -149,6 +160,7 @@ def worker_settings(worker_pg_url, tmp_path_factory):
         storage_root=data_dir / "artifacts",
         lease_seconds=4,
         heartbeat_seconds=1,
+        eval_max_new_tokens=EVAL_MAX_NEW_TOKENS,
     )
 
 
@@ -226,7 +238,8 @@ class E2EService:
         return proc
 
     def start_gpu_worker(self) -> subprocess.Popen:
-        """A GPU-queue worker as production runs it (prefork, -c 1, one task per child), own data dir."""
+        """A GPU-queue worker as production runs it (prefork, -c 1, one task per child), own data dir; returns
+        once it is ready."""
         self.gpu_starts += 1
         env = dict(self.env, BLADE_DATA_DIR=str(self.root / f"gpu-{self.gpu_starts}"))
         proc = self._spawn(
@@ -248,9 +261,11 @@ class E2EService:
         self.wait_worker(f"gpu{self.gpu_starts}@e2e")
         return proc
 
-    def start_inference_worker(self) -> subprocess.Popen:
+    def spawn_inference_worker(self) -> subprocess.Popen:
+        """The inference + maintenance worker (threads, with beat), without waiting for it: the caller starts
+        the GPU worker meanwhile (their imports overlap) and then `wait_worker("inference@e2e")`."""
         env = dict(self.env, BLADE_DATA_DIR=str(self.root / "inference"))
-        proc = self._spawn(
+        return self._spawn(
             "inference",
             [
                 "worker",
@@ -266,8 +281,6 @@ class E2EService:
             ],
             env,
         )
-        self.wait_worker("inference@e2e")
-        return proc
 
     def wait_worker(self, name: str, timeout: float = 90.0) -> None:
         """Until the worker's heartbeat row says it is up (written on Celery's worker_ready)."""
@@ -300,9 +313,7 @@ class E2EService:
         proc.wait(timeout=10)
 
     def stop(self) -> None:
-        for name in ("api", "gpu", "inference"):
-            if name in self.procs:
-                stop_process(self.procs[name])
+        stop_processes([self.procs[name] for name in ("api", "gpu", "inference") if name in self.procs])
 
     def log_tails(self) -> str:
         return "\n".join(f"--- {name} ---\n{tail(path)}" for name, path in self.logs.items())
@@ -340,6 +351,7 @@ def _run_service(e2e_pg_url: str, redis_urls: tuple[str, str], root: Path) -> It
             "BLADE_RECONCILE_INTERVAL_S": "2",
             "BLADE_REQUEUE_AFTER_S": "20",
             "BLADE_GENERATE_TIMEOUT_S": "60",
+            "BLADE_EVAL_MAX_NEW_TOKENS": str(EVAL_MAX_NEW_TOKENS),
             # Tests reuse one forget dataset across requests; the purge test sets a model's retention to 0.
             "BLADE_FORGET_RETENTION_SUCCESS_S": "86400",
             # Webhook tests receive on 127.0.0.1: the operator's explicit choice, retried fast.
@@ -366,8 +378,9 @@ def _run_service(e2e_pg_url: str, redis_urls: tuple[str, str], root: Path) -> It
                 return False
 
         wait_until(api_up, 60, 0.3, "the API")
-        service.start_inference_worker()
+        service.spawn_inference_worker()
         service.start_gpu_worker()
+        service.wait_worker("inference@e2e")
         yield service
     finally:
         service.stop()

@@ -19,7 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures_worker import ROOT, forget_rows, free_port, jsonl, retain_rows, stop_process, wait_until
+from tests.fixtures_worker import (
+    EVAL_MAX_NEW_TOKENS,
+    ROOT,
+    forget_rows,
+    free_port,
+    jsonl,
+    retain_rows,
+    stop_process,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -44,6 +53,7 @@ def test_blade_up_serves_a_request_end_to_end(tiny_model_dir, tmp_path):
         {
             "BLADE_BOOTSTRAP_ADMIN_KEY": key,
             "BLADE_DEVICE": "cpu",
+            "BLADE_EVAL_MAX_NEW_TOKENS": str(EVAL_MAX_NEW_TOKENS),
             "BLADE_HEARTBEAT_SECONDS": "1",
             "PYTHONUNBUFFERED": "1",
             "OMP_NUM_THREADS": "1",

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from tests.fixtures_worker import forget_rows, jsonl, retain_rows, wait_until
+from tests.fixtures_worker import EVAL_MAX_NEW_TOKENS, forget_rows, jsonl, retain_rows, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.services, pytest.mark.timeout(300)]
 
@@ -63,6 +63,8 @@ def test_request_lifecycle_stacking_and_rollback(e2e_logs, world, tmp_path):
         metrics = c.metrics(first["id"])
         for phase in ("before", "after"):
             assert {"forget", "retain", "mia"} <= set(metrics[phase])
+            # the worker generates BLADE_EVAL_MAX_NEW_TOKENS for ROUGE, not the evaluation library's default
+            assert metrics[phase]["settings"]["max_new_tokens"] == EVAL_MAX_NEW_TOKENS
         assert metrics["before"]["stack"] == []
 
         stack = c.adapters(world["base_model"])

@@ -13,7 +13,16 @@ import threading
 
 import pytest
 
-from tests.fixtures_worker import ROOT, forget_rows, free_port, jsonl, retain_rows, stop_process, wait_until
+from tests.fixtures_worker import (
+    EVAL_MAX_NEW_TOKENS,
+    ROOT,
+    forget_rows,
+    free_port,
+    jsonl,
+    retain_rows,
+    stop_process,
+    wait_until,
+)
 from tests.test_e2e_embedded import _demo_data
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -30,6 +39,7 @@ def test_gate_compaction_and_export_on_blade_up(tiny_model_dir, tmp_path):
         {
             "BLADE_BOOTSTRAP_ADMIN_KEY": key,
             "BLADE_DEVICE": "cpu",
+            "BLADE_EVAL_MAX_NEW_TOKENS": str(EVAL_MAX_NEW_TOKENS),
             "PYTHONUNBUFFERED": "1",
             "OMP_NUM_THREADS": "1",
         }

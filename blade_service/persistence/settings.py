@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     lease_seconds: int = 60  # a running request's lease; the heartbeat renews it
     heartbeat_seconds: int = 10
     checkpoint_every: int = 25
+    # New tokens per greedy generation when the worker measures a request's ROUGE (before/after metrics, the
+    # policy gate's canary, earlier forget sets): OpenUnlearning's 200 (its configs/generation/default.yaml).
+    eval_max_new_tokens: int = Field(default=200, ge=1, le=1024)
     generate_timeout_s: float = 60.0
     export_timeout_s: float = 600.0  # GET /base-models/{name}/export waits this long for the worker
     # POST /base-models asks this hub's public model API whether a hub-id source exists (HF_TOKEN if set);

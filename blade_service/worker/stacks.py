@@ -84,7 +84,10 @@ def _dataset_metrics(base_ref: str, dirs: list[Path], rows: list[dict[str, Any]]
 
     model, tokenizer = load_with_stack(base_ref, dirs, settings.device)
     try:
-        return json_ready(dataset_metrics(model, tokenizer, sample_rows(rows, CANARY_MAX_ROWS))[0])
+        sample = sample_rows(rows, CANARY_MAX_ROWS)
+        return json_ready(
+            dataset_metrics(model, tokenizer, sample, max_new_tokens=settings.eval_max_new_tokens)[0]
+        )
     finally:
         del model
         free_accelerator()
@@ -150,7 +153,15 @@ def _forget_metrics(
     model, tokenizer = load_with_stack(base_ref, dirs, settings.device)
     try:
         return [
-            json_ready(dataset_metrics(model, tokenizer, sample_rows(r, CANARY_MAX_ROWS))[0]) for r in sets
+            json_ready(
+                dataset_metrics(
+                    model,
+                    tokenizer,
+                    sample_rows(r, CANARY_MAX_ROWS),
+                    max_new_tokens=settings.eval_max_new_tokens,
+                )[0]
+            )
+            for r in sets
         ]
     finally:
         del model

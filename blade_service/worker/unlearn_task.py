@@ -279,7 +279,16 @@ def _measure(
 
     model, tokenizer = load_with_stack(base_ref, adapter_dirs, settings.device)
     try:
-        return dict(request_metrics(model, tokenizer, forget_rows, retain_rows, probes=probes))
+        return dict(
+            request_metrics(
+                model,
+                tokenizer,
+                forget_rows,
+                retain_rows,
+                probes=probes,
+                max_new_tokens=settings.eval_max_new_tokens,
+            )
+        )
     finally:
         del model
         free_accelerator()
