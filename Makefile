@@ -2,7 +2,11 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
-PYTEST := $(PY) -m pytest
+# The suite on TEST_JOBS processes (pytest-xdist), whole files per process so module fixtures (a live service,
+# a built world) are made once; TEST_JOBS=0 runs it in this process. Each process has its own databases and
+# Redis db numbers (tests/fixtures_services.py `xdist_slot`).
+TEST_JOBS ?= 2
+PYTEST := $(PY) -m pytest $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
 
 .PHONY: run test install lint browser test-unit test-services test-e2e test-browser
 

@@ -4,7 +4,8 @@
   (`BLADE_TEST_POSTGRES_URL` names another server's maintenance database; default
   `postgresql://postgres@127.0.0.1:5432/postgres`). Tests fail when no server answers (tests/tiers.py).
 - `service_redis`, `service_settings`, `api_app`, `api_client`: the API app on that database, artifacts in a
-  temporary directory, tasks published to dedicated Redis db numbers (7, 8) where no worker consumes them;
+  temporary directory, tasks published to dedicated Redis db numbers (7, 8; per pytest process: REDIS_DBS)
+  where no worker consumes them;
   `enqueued()` lists the request ids waiting in the broker's `unlearn` queue.
 - `admin_key`: the bootstrap admin key (default tenant). `tenant`: a fresh tenant with an admin key per test,
   so tests never see each other's rows; `make_key(tenant, scopes)` adds keys; `headers(key)` builds auth.
@@ -75,7 +76,24 @@ def fresh_pg_url() -> Iterator[str]:
         yield url
 
 
-REDIS_BROKER_DB, REDIS_RESULT_DB = 7, 8  # the worker tests use 11 and 12
+# Redis db numbers per pytest process (`make test` runs TEST_JOBS of them, pytest-xdist): (service broker,
+# service results, worker broker, worker results). No worker consumes the service tests' queue; the e2e
+# services' workers consume theirs, so two processes must never share one.
+REDIS_DBS = ((7, 8, 11, 12), (2, 3, 4, 5), (6, 9, 10, 13))
+
+
+def xdist_slot() -> int:
+    """This pytest process's index among pytest-xdist's workers (gw0 -> 0); 0 when run without xdist."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    slot = int(worker.removeprefix("gw"))
+    if slot >= len(REDIS_DBS):
+        pytest.fail(f"{worker}: the suite has Redis db numbers for {len(REDIS_DBS)} processes (REDIS_DBS)")
+    return slot
+
+
+def redis_dbs() -> tuple[int, int, int, int]:
+    """This process's Redis db numbers (REDIS_DBS)."""
+    return REDIS_DBS[xdist_slot()]
 
 
 @pytest.fixture(scope="session")
@@ -84,7 +102,8 @@ def service_redis() -> Iterator[tuple[str, str]]:
     import redis
 
     base = os.environ.get("BLADE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
-    urls = (f"{base}/{REDIS_BROKER_DB}", f"{base}/{REDIS_RESULT_DB}")
+    broker, results = redis_dbs()[:2]
+    urls = (f"{base}/{broker}", f"{base}/{results}")
     try:
         for url in urls:
             redis.Redis.from_url(url, socket_connect_timeout=2).flushdb()

@@ -3,7 +3,8 @@
 - `worker_pg_url`: a fresh PostgreSQL database (migrated) for the service-tier worker tests; each `e2e`
   service gets one of its own too, so the live workers' reconciler never touches rows other tests left
   half-made (nor the API tests' database); dropped at the end. Skip when no server answers.
-- `redis_urls`: broker and result-backend URLs on dedicated Redis db numbers (11, 12), flushed at start/end.
+- `redis_urls`: broker and result-backend URLs on dedicated Redis db numbers (11, 12; per pytest process:
+  `fixtures_services.REDIS_DBS`), flushed at start/end.
 - `tiny_model_dir`: a tiny Llama + tokenizer (blade_core.testing), built in well under a second.
 - `e2e` (per module): an `E2EService`: a real uvicorn API subprocess (`blade api`) and real Celery worker
   subprocesses (`blade worker`): a GPU-style worker (`-Q unlearn`, prefork, one task per child, acks late)
@@ -30,12 +31,10 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures_services import redis_dbs
 from tests.tiers import unavailable
 
 ROOT = Path(__file__).resolve().parent.parent
-# BLADE_TEST_REDIS_DB moves both (to N and N+1): two test runs on one Redis would eat each other's tasks.
-REDIS_BROKER_DB = int(os.environ.get("BLADE_TEST_REDIS_DB", "11"))
-REDIS_RESULT_DB = REDIS_BROKER_DB + 1
 E2E_ADMIN_KEY = "blade_e2e_admin_" + secrets.token_hex(8)
 # The worker's ROUGE generations in tests (BLADE_EVAL_MAX_NEW_TOKENS; the service's default is 200): the tiny
 # models' answers are a few tokens, and 200 greedy steps per measured row dominate a test request's time.
@@ -136,7 +135,8 @@ def redis_urls() -> Iterator[tuple[str, str]]:
     import redis
 
     base = os.environ.get("BLADE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
-    broker, results = f"{base}/{REDIS_BROKER_DB}", f"{base}/{REDIS_RESULT_DB}"
+    broker_db, results_db = redis_dbs()[2:]
+    broker, results = f"{base}/{broker_db}", f"{base}/{results_db}"
     try:
         for url in (broker, results):
             redis.Redis.from_url(url, socket_connect_timeout=2).flushdb()

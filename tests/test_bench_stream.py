@@ -18,8 +18,9 @@ from tests.fixtures_world import ensure_tiny_world
 
 @pytest.fixture(scope="module")
 def world20():
-    """A 20-author world (forget10: 2 authors of 20 rows) and its quick-size target, cached on disk."""
-    return ensure_tiny_world(authors=20)
+    """A 20-author world (forget10: 2 authors of 20 rows) and its test-size target, cached on disk (the
+    smallest model: these tests check the sequencing, not how well a method forgets)."""
+    return ensure_tiny_world(authors=20, size="test")
 
 
 def test_author_groups_are_disjoint_and_scales_grow_by_whole_authors(world20):

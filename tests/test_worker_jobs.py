@@ -318,7 +318,8 @@ def test_a_request_submitted_as_the_head_finishes_is_seen_by_the_finishing_worke
         with session_scope(worker_settings) as s:  # a new transaction: the view is read once per one
             return s.execute(
                 text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE :q"
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND query LIKE :q"
                 ),
                 {"q": f"%{fragment}%"},
             ).scalar_one()
