@@ -105,3 +105,13 @@ def test_text_bench_rows(tmp_path, one_thread):
     assert (tmp_path / "out" / "results.json").is_file()
     md = (tmp_path / "out" / "results.md").read_text()
     assert "| blade |" in md and "HM_KnowUndo" in md
+
+
+def test_text_selection_counts_a_run_without_retain_knowledge_as_collapsed():
+    from blade_core.bench.text import collapsed
+
+    assert collapsed({"knowmem_r": 0.0, "HM": 0.0}, "muse")
+    assert not collapsed({"knowmem_r": 0.2, "general": 0.0}, "muse")  # MUSE's HM has no general utility
+    assert collapsed({"knowmem_r": 0.2, "general": 0.0}, "knowundo")
+    assert not collapsed({"knowmem_r": 0.2, "general": 0.1}, "knowundo")
+    assert not collapsed({"HM": None}, "muse")  # nothing measured: no verdict

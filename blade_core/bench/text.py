@@ -170,16 +170,24 @@ def _score(row: dict[str, Any], suite: str) -> float:
     return -1.0 if value is None or value != value else float(value)
 
 
+def collapsed(row: dict[str, Any], suite: str) -> bool:
+    """The run left the model no utility (so HM is 0 whatever it forgot): retain KnowMem 0, or for
+    `knowundo` also general utility 0; the selection's collapse rule (`selection.beyond_edge(collapsed=)`)."""
+    keys = ("knowmem_r", "general") if suite == "knowundo" else ("knowmem_r",)
+    return any(isinstance(row.get(k), (int, float)) and row[k] <= 0.0 for k in keys)
+
+
 def select_multipliers(cache, out, kind, suite, settings, methods, log) -> dict[str, Any]:
     """Per method, the LR multiplier with the best HM on the validation world (never the reported one), by
-    the QA bench's rule (`selection.choose`, `selection.beyond_edge`)."""
+    the QA bench's rule (`selection.choose`, `selection.beyond_edge`, its collapse rule included)."""
     if not settings.select:
         return {"chosen": dict.fromkeys(methods, 1.0), "validation_hm": {}, "grid": [1.0]}
     world = prepare_world(cache, kind, settings.validation_seed, settings, log)
     chosen: dict[str, float] = {}
     scores: dict[str, dict[float, float]] = {}
+    dead: dict[str, set[float]] = {}
     for method in methods:
-        scores[method] = {}
+        scores[method], dead[method] = {}, set()
         todo: list[float] = list(settings.lr_grid)
         while todo:
             for m in todo:
@@ -187,8 +195,12 @@ def select_multipliers(cache, out, kind, suite, settings, methods, log) -> dict[
                     method, world, settings, suite, 0, out / "selection" / method / f"x{m:g}", multiplier=m
                 )
                 scores[method][m] = _score(row, suite)
+                if collapsed(row, suite):
+                    dead[method].add(m)
                 log(f"[select] {method} x{m:g}: HM {scores[method][m]:.3f}")
-            beyond = beyond_edge(scores[method], settings.lr_grid, settings.lr_grid_extend)
+            beyond = beyond_edge(
+                scores[method], settings.lr_grid, settings.lr_grid_extend, collapsed=dead[method]
+            )
             todo = [beyond] if beyond is not None else []
         chosen[method] = choose(scores[method])
     return {
@@ -196,6 +208,7 @@ def select_multipliers(cache, out, kind, suite, settings, methods, log) -> dict[
         "validation_hm": scores,
         "grid": list(settings.lr_grid),
         "extended": {m: sorted(set(by) - set(settings.lr_grid)) for m, by in scores.items()},
+        "collapsed": {m: sorted(by) for m, by in dead.items() if by},
         "world_seed": settings.validation_seed,
     }
 
