@@ -43,22 +43,26 @@ def _demo_data(directory: Path) -> Path:
     return directory
 
 
+def blade_up_env(key: str, **extra: str) -> dict[str, str]:
+    """This process's environment without its BLADE_ settings, plus the tests' `blade up` settings: `key` as
+    the bootstrap admin key, the CPU, short ROUGE generations (EVAL_MAX_NEW_TOKENS), one torch thread."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BLADE_")}
+    return env | {
+        "BLADE_BOOTSTRAP_ADMIN_KEY": key,
+        "BLADE_DEVICE": "cpu",
+        "BLADE_EVAL_MAX_NEW_TOKENS": str(EVAL_MAX_NEW_TOKENS),
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        **extra,
+    }
+
+
 def test_blade_up_serves_a_request_end_to_end(tiny_model_dir, tmp_path):
     from blade_service.client import BladeClient
 
     port = free_port()
     key = "blade_up_test_key_0123456789"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BLADE_")}
-    env.update(
-        {
-            "BLADE_BOOTSTRAP_ADMIN_KEY": key,
-            "BLADE_DEVICE": "cpu",
-            "BLADE_EVAL_MAX_NEW_TOKENS": str(EVAL_MAX_NEW_TOKENS),
-            "BLADE_HEARTBEAT_SECONDS": "1",
-            "PYTHONUNBUFFERED": "1",
-            "OMP_NUM_THREADS": "1",
-        }
-    )
+    env = blade_up_env(key, BLADE_HEARTBEAT_SECONDS="1")
     data_dir = tmp_path / "var"
     demo = _demo_data(tmp_path / "demo-data")
     proc = subprocess.Popen(

@@ -14,7 +14,6 @@ import threading
 import pytest
 
 from tests.fixtures_worker import (
-    EVAL_MAX_NEW_TOKENS,
     ROOT,
     forget_rows,
     free_port,
@@ -23,7 +22,7 @@ from tests.fixtures_worker import (
     stop_process,
     wait_until,
 )
-from tests.test_e2e_embedded import _demo_data
+from tests.test_e2e_embedded import _demo_data, blade_up_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -34,16 +33,7 @@ def test_gate_compaction_and_export_on_blade_up(tiny_model_dir, tmp_path):
     from blade_service.client import BladeClient
 
     port, key = free_port(), "blade_up_stacks_key_0123456789"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BLADE_")}
-    env.update(
-        {
-            "BLADE_BOOTSTRAP_ADMIN_KEY": key,
-            "BLADE_DEVICE": "cpu",
-            "BLADE_EVAL_MAX_NEW_TOKENS": str(EVAL_MAX_NEW_TOKENS),
-            "PYTHONUNBUFFERED": "1",
-            "OMP_NUM_THREADS": "1",
-        }
-    )
+    env = blade_up_env(key)
     argv = [
         "up",
         "--port",
