@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 
@@ -306,6 +307,31 @@ def test_the_reconciler_signs_the_head_periodically(fresh_pg_url, tmp_path):
         audit_heads.head_key(ids[-1], _hash(factory, ids[-1]))
     ]
     engine.dispose()
+
+
+def test_a_signed_head_is_stored_only_when_its_transaction_commits(db, tmp_path):
+    """The head's key is published in the caller's transaction; a head stored before that commits would name
+    a key (or an entry) that a rollback can take back, and every later verify would fail on it."""
+    from blade_service.persistence.settings import Settings
+    from blade_service.persistence.storage import LocalStorage
+
+    _, factory = db
+    ids = _append_some(factory, 2)
+    storage, settings = LocalStorage(tmp_path / "store"), Settings(data_dir=tmp_path)
+    with factory() as session:
+        session.begin()
+        assert audit_heads.current_signed_head(session, storage, settings)["head_id"] == ids[-1]
+        assert storage.list_keys("audit-heads") == []  # not before the commit ...
+        session.rollback()
+    assert storage.list_keys("audit-heads") == []  # ... nor after a rollback
+    with factory() as session, session.begin():
+        audit_heads.current_signed_head(session, storage, settings)
+        with contextlib.suppress(RuntimeError), session.begin_nested():
+            raise RuntimeError  # a savepoint rolled back inside the transaction keeps the head queued
+    assert storage.list_keys("audit-heads") == [audit_heads.head_key(ids[-1], _hash(factory, ids[-1]))]
+    with factory() as session:
+        check = audit_heads.check_signed_heads(session, storage, reveal_ids=True)
+    assert check.checked == 1 and check.problem is None
 
 
 def _hash(factory, entry_id: int) -> str:

@@ -17,6 +17,7 @@ the entry `head_id` exists and has `head_hash`; a truncated or rewritten log fai
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -25,9 +26,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from blade_service.persistence import audit, signing
+from blade_service.persistence.db import after_commit
 from blade_service.persistence.models import AuditEntry
 from blade_service.persistence.settings import Settings
 from blade_service.persistence.storage import Storage
+
+log = logging.getLogger("blade.audit")
 
 HEADS_PREFIX = "audit-heads"
 LOG_NAME = "blade-audit"
@@ -47,7 +51,8 @@ def current_signed_head(session: Session, storage: Storage, settings: Settings) 
 
     Certificates embed this record; anyone with the published public key (`GET /certificate-keys`) can check
     its signature, and `GET /audit-log/verify` checks that the head is still in the chain. Publishes the key
-    in the caller's transaction: commit afterwards.
+    in the caller's transaction and stores the record when that transaction commits (`db.after_commit`):
+    a rollback leaves no head behind naming a key, or an entry, that the rollback took back.
     """
     head_id, head_hash = audit.head(session)
     if head_id is None:
@@ -66,8 +71,18 @@ def current_signed_head(session: Session, storage: Storage, settings: Settings) 
         "key_id": signing.publish_key(session, private),
     }
     record["signature"] = signing.sign(private, _signed_bytes(record))
-    storage.put_bytes(key, json.dumps(record, sort_keys=True).encode())
+    data = json.dumps(record, sort_keys=True).encode()
+    after_commit(session, lambda: _store(storage, key, data))
     return record
+
+
+def _store(storage: Storage, key: str, data: bytes) -> None:
+    """Store a signed head after its transaction committed. A failure is logged, not raised: the commit has
+    happened, and a head left unstored only means the next signing (reconciler, verify) pins the chain."""
+    try:
+        storage.put_bytes(key, data)
+    except Exception as exc:
+        log.error("audit_heads.store_failed", extra={"key": key, "error": repr(exc)})
 
 
 def verify_head_signature(record: dict[str, Any], public_keys: dict[str, str]) -> bool:

@@ -14,14 +14,16 @@ PostgreSQL pools check connections out without a pre-ping (it cost a round trip 
 are recycled after `POOL_RECYCLE_S`, and a disconnect (server restart, idle timeout) invalidates the pool so
 the next checkout connects afresh; reads made with `execute_read` retry once on such a disconnect. Reads that
 need one statement use `read_session_factory`: on PostgreSQL its sessions run in autocommit, so a lone
-SELECT costs exactly one round trip (no BEGIN before it, no ROLLBACK after it).
+SELECT costs exactly one round trip (no BEGIN before it, no ROLLBACK after it). `after_commit(session, fn)`
+runs a side effect outside the database (a file in the artifact store) only once the transaction it
+describes has committed.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, Executable, Result, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
 from blade_service.persistence.settings import Settings, get_settings
 
@@ -150,6 +152,27 @@ def execute_read(
             raise
         session.rollback()
         return session.execute(statement, params)
+
+
+_AFTER_COMMIT = "blade.after_commit"  # session.info key: the actions `after_commit` queued
+
+
+def after_commit(session: Session, action: Callable[[], None]) -> None:
+    """Run `action` when the session's current transaction commits; drop it if the transaction rolls back or
+    the session closes first (a savepoint's rollback inside it does not count)."""
+    session.info.setdefault(_AFTER_COMMIT, []).append(action)
+
+
+@event.listens_for(Session, "after_commit")
+def _run_after_commit(session: Session) -> None:
+    for action in session.info.pop(_AFTER_COMMIT, []):
+        action()
+
+
+@event.listens_for(Session, "after_transaction_end")
+def _drop_after_commit(session: Session, transaction: SessionTransaction) -> None:
+    if transaction.parent is None:  # the outermost transaction ended: committed (run above) or not
+        session.info.pop(_AFTER_COMMIT, None)
 
 
 @contextmanager
