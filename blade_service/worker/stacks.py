@@ -77,22 +77,6 @@ def load_rows(storage: Storage, dataset: dict[str, str], dest: Path) -> list[dic
     return load_dataset_rows(path)[0]
 
 
-def _dataset_metrics(base_ref: str, dirs: list[Path], rows: list[dict[str, Any]], settings: Settings):
-    from blade_core.evaluation.request import dataset_metrics
-    from blade_core.evaluation.tofu import json_ready, sample_rows
-    from blade_core.lora import load_with_stack
-
-    model, tokenizer = load_with_stack(base_ref, dirs, settings.device)
-    try:
-        sample = sample_rows(rows, CANARY_MAX_ROWS)
-        return json_ready(
-            dataset_metrics(model, tokenizer, sample, max_new_tokens=settings.eval_max_new_tokens)[0]
-        )
-    finally:
-        del model
-        free_accelerator()
-
-
 def gate_verdict(
     *,
     settings: Settings,
@@ -111,8 +95,8 @@ def gate_verdict(
     retrain's), also that those forget sets stay forgotten."""
     if canary is not None:
         rows = load_rows(storage, canary, workdir / "canary")
-        canary_before = _dataset_metrics(base_ref, stack_dirs, rows, settings)
-        canary_after = _dataset_metrics(base_ref, [*stack_dirs, candidate_dir], rows, settings)
+        canary_before = _sets_metrics(base_ref, stack_dirs, [rows], settings)[0]
+        canary_after = _sets_metrics(base_ref, [*stack_dirs, candidate_dir], [rows], settings)[0]
         source = f"dataset:{canary['id']}"
     else:
         canary_before, canary_after, source = before["retain"], after["retain"], "retain_sample"
@@ -143,9 +127,9 @@ def earlier_forgets(session: Any, adapter_ids: list[str]) -> list[dict[str, Any]
     return out
 
 
-def _forget_metrics(
-    base_ref: str, dirs: list[Path], sets: list[list[dict]], settings: Settings
-) -> list[dict]:
+def _sets_metrics(base_ref: str, dirs: list[Path], sets: list[list[dict]], settings: Settings) -> list[dict]:
+    """Prob and ROUGE of base + `dirs` on each of `sets` (a seeded sample of CANARY_MAX_ROWS rows each), the
+    model loaded once."""
     from blade_core.evaluation.request import dataset_metrics
     from blade_core.evaluation.tofu import json_ready, sample_rows
     from blade_core.lora import load_with_stack
@@ -172,8 +156,8 @@ def _check_earlier(verdict, settings, storage, workdir, base_ref, stack_dirs, ca
     """Rules `earlier_forget_kept:<dataset>`: the earlier forget sets stay forgotten with the candidate."""
     usable = [e for e in earlier if not e["purged"]]
     rows = [load_rows(storage, e, workdir / "earlier") for e in usable]
-    before = _forget_metrics(base_ref, stack_dirs, rows, settings) if rows else []
-    after = _forget_metrics(base_ref, [*stack_dirs, candidate_dir], rows, settings) if rows else []
+    before = _sets_metrics(base_ref, stack_dirs, rows, settings) if rows else []
+    after = _sets_metrics(base_ref, [*stack_dirs, candidate_dir], rows, settings) if rows else []
     for e, b, a in zip(usable, before, after, strict=True):
         ok = (a["Prob"] or 0) <= (b["Prob"] or 0) + EARLIER_PROB_SLACK and (a["ROUGE"] or 0) <= (
             b["ROUGE"] or 0
