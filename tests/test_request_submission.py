@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from blade_service.persistence import audit, auth, base_models, datasets, requests
 from blade_service.persistence.db import make_engine, upgrade_to_head
 from blade_service.persistence.errors import Conflict, Invalid
-from blade_service.persistence.models import AuditEntry
+from blade_service.persistence.models import AuditEntry, UnlearnRequest
 from blade_service.persistence.storage import LocalStorage
 from tests.fixtures_services import jsonl, qa_rows
 from tests.fixtures_worker import wait_until
@@ -91,6 +91,19 @@ def test_requests_are_numbered_in_order_with_their_queue_positions(world):
     assert seen == [(i + 1, i, True, world.model, None) for i in range(3)]
     with world.factory() as s:
         assert audit.verify_chain(s).intact
+
+
+def test_the_request_returned_is_the_row_stored_column_for_column(world):
+    """The INSERT returns only what the database decides; the rest of the entity is built from what it
+    bound, so it must equal the stored row in every column (a new column with a model default would not)."""
+    with world.factory() as s, s.begin():
+        made, _, _ = world.submit(s, idempotency_key="k-row", metadata={"ticket": "T-1"})
+        returned = {a.key: getattr(made, a.key) for a in UnlearnRequest.__mapper__.column_attrs}
+    with world.factory() as s:
+        stored = s.get(UnlearnRequest, made.id)
+        assert stored is not None and stored is not made
+        assert returned == {a.key: getattr(stored, a.key) for a in UnlearnRequest.__mapper__.column_attrs}
+    assert returned["meta"] == {"ticket": "T-1"} and returned["queue_seq"] == 1
 
 
 def test_a_repeated_idempotency_key_returns_the_original_and_a_changed_body_conflicts(world):

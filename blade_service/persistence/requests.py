@@ -27,7 +27,6 @@ from typing import Any, cast
 
 from sqlalchemy import (
     BindParameter,
-    Integer,
     Select,
     Table,
     bindparam,
@@ -37,7 +36,7 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session, aliased, lazyload, make_transient_to_detached
+from sqlalchemy.orm import Session, aliased, make_transient_to_detached
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.util import identity_key
 
@@ -240,7 +239,9 @@ def _claim(
         "key": idempotency_key,
     }
     dialect = session.get_bind().dialect.name
-    row = session.execute(_claim_query(dialect), params).one_or_none()
+    # A Core statement runs on the session's connection: the ORM's execute path around it cost about 0.2 ms
+    # of CPU per statement here and adds nothing to plain rows (docs/performance.md).
+    row = session.connection().execute(_claim_query(dialect), params).one_or_none()
     if row is None:
         return None
     n = len(_DATASET_COLUMNS)
@@ -305,38 +306,6 @@ def _ahead(table: Table, model_id: BindParameter[str]) -> Any:
     )
 
 
-def _read_back(statement: Any) -> Any:
-    """`statement`'s row read as the request (`from_statement`: half the CPU of an ORM-enabled INSERT) and
-    its `ahead`."""
-    return (
-        select(UnlearnRequest, literal_column("ahead", Integer))
-        .from_statement(statement)
-        .options(lazyload(UnlearnRequest.base_model), lazyload(UnlearnRequest.adapter))  # set by the caller
-    )
-
-
-@functools.cache
-def _insert_statement(dialect: str) -> Any:
-    """Built once per dialect (see `_insert_queued`): a Core INSERT RETURNING the row and `ahead`."""
-    table = cast(Table, UnlearnRequest.__table__)  # a mapped class's table (typed as any FromClause)
-    model_id: BindParameter[str] = bindparam("seq_base_model_id")
-    returned: list[Any] = [*table.c, _ahead(table, model_id)]
-    if dialect == "postgresql":  # the relay's wake-up call, delivered on commit
-        returned.append(func.pg_notify(SUBMITTED_CHANNEL, ""))
-    inserts: dict[str, Callable[[Table], postgresql.Insert | sqlite.Insert]] = {
-        "postgresql": postgresql.insert,
-        "sqlite": sqlite.insert,
-    }
-    insert = inserts[dialect]
-    statement = (
-        insert(table)
-        .values(queue_seq=_next_queue_seq(table, model_id))
-        .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
-        .returning(*returned)
-    )
-    return _read_back(statement)
-
-
 # The attributes a submission sets on the new request (`submit_request`); the others take their defaults.
 _SUBMITTED = (
     "tenant_id",
@@ -354,31 +323,63 @@ _SUBMITTED = (
     "trace_id",
 )
 
+# What a new request's INSERT binds besides `_SUBMITTED`: its id and the columns whose model default is not
+# NULL (`_new_row`). The database numbers `queue_seq`; every other column starts NULL.
+_DEFAULTED = ("id", "step", "attempts", "created_at", "updated_at")
+
+
+def _new_row(request_id: str, submitted: dict[str, Any]) -> dict[str, Any]:
+    """The new request's columns by attribute name, but `queue_seq`: what was submitted, the model's
+    defaults for the counters and timestamps, None for the rest. The INSERT writes the same, so the entity
+    built from them (`_inserted_request`) is the row, and nothing needs reading back."""
+    now = utcnow()
+    row: dict[str, Any] = {
+        a.key: None for a in UnlearnRequest.__mapper__.column_attrs if a.key != "queue_seq"
+    }
+    row |= {"id": request_id, "step": 0, "attempts": 0, "created_at": now, "updated_at": now}
+    return row | submitted
+
+
+def _insert(dialect: str) -> Any:
+    """A Core INSERT of a new request (`_SUBMITTED` and `_DEFAULTED`, bound as `row_<attribute>`) numbered
+    after the base model's last request; nothing when the tenant's Idempotency-Key is taken."""
+    table = cast(Table, UnlearnRequest.__table__)  # a mapped class's table (typed as any FromClause)
+    columns = UnlearnRequest.__mapper__.column_attrs
+    bound = (*_SUBMITTED, *_DEFAULTED)
+    values: dict[Any, Any] = {columns[key].columns[0]: bindparam(f"row_{key}") for key in bound}
+    values[table.c.queue_seq] = _next_queue_seq(table, bindparam("seq_base_model_id"))
+    inserts: dict[str, Callable[[Table], postgresql.Insert | sqlite.Insert]] = {
+        "postgresql": postgresql.insert,
+        "sqlite": sqlite.insert,
+    }
+    return (
+        inserts[dialect](table)
+        .values(values)
+        .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
+    )
+
+
+@functools.cache
+def _insert_statement(dialect: str) -> Any:
+    """Built once per dialect (see `_insert_queued`): `_insert` RETURNING only what the database decides,
+    the number and `ahead`, and on PostgreSQL the relays' wake-up call (delivered on commit)."""
+    table = cast(Table, UnlearnRequest.__table__)
+    returned: list[Any] = [table.c.queue_seq, _ahead(table, bindparam("seq_base_model_id"))]
+    if dialect == "postgresql":
+        returned.append(func.pg_notify(SUBMITTED_CHANNEL, ""))
+    return _insert(dialect).returning(*returned)
+
 
 @functools.cache
 def _insert_with_entry_statement() -> Any:
-    """PostgreSQL, built once: `_insert_statement`'s INSERT as a CTE, and the request's audit entry appended
-    from its row in the same statement (`audit.spliced_append`, the queue number spliced into the entry).
-    The transaction holds the chain's append lock since `_claim`."""
+    """PostgreSQL, built once: `_insert_statement` with the INSERT as a CTE and the request's audit entry
+    appended from its row in the same statement (`audit.spliced_append`, the queue number spliced into the
+    entry). The transaction holds the chain's append lock since `_claim`."""
     table = cast(Table, UnlearnRequest.__table__)
-    model_id: BindParameter[str] = bindparam("seq_base_model_id")
-    columns = UnlearnRequest.__mapper__.column_attrs
-    values: dict[Any, Any] = {
-        columns[name].columns[0]: bindparam(columns[name].columns[0].key) for name in _SUBMITTED
-    }
-    values |= {table.c.id: bindparam("id"), table.c.queue_seq: _next_queue_seq(table, model_id)}
-    inserted = (
-        postgresql.insert(table)
-        .values(values)
-        .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
-        .returning(*table.c)
-        .cte("inserted")
-    )
+    inserted = _insert("postgresql").returning(table.c.queue_seq).cte("inserted")
     entry = audit.spliced_append(inserted, inserted.c.queue_seq).cte("entry")
-    statement = select(*inserted.c, _ahead(table, model_id), func.pg_notify(SUBMITTED_CHANNEL, "")).add_cte(
-        entry
-    )
-    return _read_back(statement)
+    ahead = _ahead(table, bindparam("seq_base_model_id"))
+    return select(inserted.c.queue_seq, ahead, func.pg_notify(SUBMITTED_CHANNEL, "")).add_cte(entry)
 
 
 def _insert_queued(
@@ -389,18 +390,28 @@ def _insert_queued(
     Idempotency-Key first. One statement: the number, the position (the unfinished requests of the base
     model, all ahead of it), on PostgreSQL the notice that wakes the submission relays
     (`SUBMITTED_CHANNEL`) and, given `entry` (`audit.spliced_params`), the request's audit entry."""
-    # The PostgreSQL statement binds exactly `_SUBMITTED`: a value outside it would be dropped there silently.
     assert values.keys() == set(_SUBMITTED), sorted(values.keys() ^ set(_SUBMITTED))
-    columns = UnlearnRequest.__mapper__.column_attrs
-    params = {columns[name].columns[0].key: value for name, value in values.items()}
-    params |= {"id": request_id, "new_id": request_id, "seq_base_model_id": values["base_model_id"]}
+    row = _new_row(request_id, values)
+    params = {f"row_{key}": row[key] for key in (*_SUBMITTED, *_DEFAULTED)}
+    params |= {"new_id": request_id, "seq_base_model_id": values["base_model_id"]}
     if entry is not None:
         statement = _insert_with_entry_statement()
         params |= entry
     else:
         statement = _insert_statement(session.get_bind().dialect.name)
-    row = session.execute(statement, params).first()
-    return (row[0], row[1]) if row is not None else None
+    numbered = session.connection().execute(statement, params).first()
+    if numbered is None:
+        return None
+    return _inserted_request(session, row | {"queue_seq": numbered[0]}), numbered[1]
+
+
+def _inserted_request(session: Session, row: dict[str, Any]) -> UnlearnRequest:
+    """The request just inserted, as a persistent entity of `session` made from its row's values (every
+    column set: nothing loads)."""
+    request = UnlearnRequest(**row)
+    make_transient_to_detached(request)
+    session.add(request)
+    return request
 
 
 def submit_request(
