@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -174,7 +175,9 @@ def test_generation_matches_transformers_generate(world):
     _, tok, trained, untrained, sets = world
     prompts = [format_qa(tok, r["question"], r["answer"])[0] for r in sets["forget"] + sets["retain"]]
     for model in (trained, untrained):
-        ours = generate(model, tok, prompts, max_new_tokens=20, batch_size=16)
+        with warnings.catch_warnings():  # the KV cache goes by the name this transformers release takes
+            warnings.simplefilter("error", FutureWarning)
+            ours = generate(model, tok, prompts, max_new_tokens=20, batch_size=16)
         config = GenerationConfig(
             max_new_tokens=20, do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id
         )

@@ -16,6 +16,7 @@ reproduce that. Stop words appear only in its MUSE knowmem configs (`QA_STOP_STR
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -125,7 +126,7 @@ def _generate_batch(
         use_cache=True,
         logits_to_keep=1,
     )
-    cache = out.past_key_values
+    cache, cache_argument = _kv_cache(out), _cache_argument(model)
     for step in range(max_new_tokens):
         token = out.logits[:, -1].argmax(-1)
         new_tokens[alive, step] = token
@@ -143,10 +144,24 @@ def _generate_batch(
             input_ids=token[:, None],
             attention_mask=attention,
             position_ids=attention.sum(-1, keepdim=True) - 1,
-            past_key_values=cache,
             use_cache=True,
+            **{cache_argument: cache},
         )
     return tokenizer.batch_decode(new_tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+def _cache_argument(model: torch.nn.Module) -> str:
+    """The forward keyword that takes the KV cache: `cache` in the transformers releases that renamed it
+    (`past_key_values` still works there, with a FutureWarning), `past_key_values` before."""
+    get_base = getattr(model, "get_base_model", None)  # a PEFT wrapper forwards **kwargs
+    base = get_base() if callable(get_base) else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def _kv_cache(out: Any) -> Any:
+    """The KV cache of a forward's output, under either of its names (`_cache_argument`)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
 
 
 def cut_at_stop(text: str, stop: Sequence[str] = ()) -> str:
