@@ -390,6 +390,7 @@ def _insert_queued(
     Idempotency-Key first. One statement: the number, the position (the unfinished requests of the base
     model, all ahead of it), on PostgreSQL the notice that wakes the submission relays
     (`SUBMITTED_CHANNEL`) and, given `entry` (`audit.spliced_params`), the request's audit entry."""
+    # Only `_SUBMITTED` is bound: a value outside it would reach the entity but not the stored row.
     assert values.keys() == set(_SUBMITTED), sorted(values.keys() ^ set(_SUBMITTED))
     row = _new_row(request_id, values)
     params = {f"row_{key}": row[key] for key in (*_SUBMITTED, *_DEFAULTED)}
