@@ -16,8 +16,9 @@ reproduce that. Stop words appear only in its MUSE knowmem configs (`QA_STOP_STR
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -155,7 +156,13 @@ def _cache_argument(model: torch.nn.Module) -> str:
     (`past_key_values` still works there, with a FutureWarning), `past_key_values` before."""
     get_base = getattr(model, "get_base_model", None)  # a PEFT wrapper forwards **kwargs
     base = get_base() if callable(get_base) else model
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    return _cache_keyword(type(base).forward)
+
+
+@functools.cache
+def _cache_keyword(forward: Callable[..., Any]) -> str:
+    """`_cache_argument` for one model class's forward (its signature read once)."""
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 def _kv_cache(out: Any) -> Any:

@@ -326,6 +326,13 @@ _SUBMITTED = (
 # What a new request's INSERT binds besides `_SUBMITTED`: its id and the columns whose model default is not
 # NULL (`_new_row`). The database numbers `queue_seq`; every other column starts NULL.
 _DEFAULTED = ("id", "step", "attempts", "created_at", "updated_at")
+_BOUND = (*_SUBMITTED, *_DEFAULTED)
+
+
+@functools.cache
+def _row_keys() -> tuple[str, ...]:
+    """Every column attribute of a request but `queue_seq` (read from the mapper once, not per POST)."""
+    return tuple(a.key for a in UnlearnRequest.__mapper__.column_attrs if a.key != "queue_seq")
 
 
 def _new_row(request_id: str, submitted: dict[str, Any]) -> dict[str, Any]:
@@ -333,9 +340,7 @@ def _new_row(request_id: str, submitted: dict[str, Any]) -> dict[str, Any]:
     defaults for the counters and timestamps, None for the rest. The INSERT writes the same, so the entity
     built from them (`_inserted_request`) is the row, and nothing needs reading back."""
     now = utcnow()
-    row: dict[str, Any] = {
-        a.key: None for a in UnlearnRequest.__mapper__.column_attrs if a.key != "queue_seq"
-    }
+    row: dict[str, Any] = dict.fromkeys(_row_keys())
     row |= {"id": request_id, "step": 0, "attempts": 0, "created_at": now, "updated_at": now}
     return row | submitted
 
@@ -345,8 +350,7 @@ def _insert(dialect: str) -> Any:
     after the base model's last request; nothing when the tenant's Idempotency-Key is taken."""
     table = cast(Table, UnlearnRequest.__table__)  # a mapped class's table (typed as any FromClause)
     columns = UnlearnRequest.__mapper__.column_attrs
-    bound = (*_SUBMITTED, *_DEFAULTED)
-    values: dict[Any, Any] = {columns[key].columns[0]: bindparam(f"row_{key}") for key in bound}
+    values: dict[Any, Any] = {columns[key].columns[0]: bindparam(f"row_{key}") for key in _BOUND}
     values[table.c.queue_seq] = _next_queue_seq(table, bindparam("seq_base_model_id"))
     inserts: dict[str, Callable[[Table], postgresql.Insert | sqlite.Insert]] = {
         "postgresql": postgresql.insert,
@@ -393,7 +397,7 @@ def _insert_queued(
     # Only `_SUBMITTED` is bound: a value outside it would reach the entity but not the stored row.
     assert values.keys() == set(_SUBMITTED), sorted(values.keys() ^ set(_SUBMITTED))
     row = _new_row(request_id, values)
-    params = {f"row_{key}": row[key] for key in (*_SUBMITTED, *_DEFAULTED)}
+    params = {f"row_{key}": row[key] for key in _BOUND}
     params |= {"new_id": request_id, "seq_base_model_id": values["base_model_id"]}
     if entry is not None:
         statement = _insert_with_entry_statement()
