@@ -295,6 +295,54 @@ def test_a_method_that_collapsed_at_every_point_steps_down_past_the_low_edge():
     assert beyond_edge({0.25: 0.1, 1.0: 0.4, 4.0: 0.0}, grid, 2, collapsed={4.0}) is None
 
 
+def test_selection_over_several_seeds_scores_each_multiplier_by_its_mean_hm(tmp_path, monkeypatch):
+    """--selection-seeds N: every grid point runs at the first N seeds on the validation world and is scored
+    by their mean HM; a point collapsed only when every seed lost all utility; results.json keeps each
+    seed's HM."""
+    from dataclasses import replace
+
+    from blade_core.bench import selection
+    from blade_core.bench.settings import PRESETS, BenchPlan, ValidationWorld
+
+    assert selection.over_seeds([(0.2, False), (0.4, True)]) == (pytest.approx(0.3), False)
+    assert selection.over_seeds([(0.0, True), (0.0, True)]) == (0.0, True)
+    assert selection.over_seeds([(0.5, False), (None, False)]) == (None, False)
+    # seed 42 alone prefers x1; the mean over 42, 123 and 456 prefers x0.5
+    hm = {(0.5, 42): 0.40, (0.5, 123): 0.50, (0.5, 456): 0.45, (1.0, 42): 0.42, (1.0, 123): 0.30,
+          (1.0, 456): 0.0, (2.0, 42): 0.0, (2.0, 123): 0.0, (2.0, 456): 0.0}  # fmt: skip
+    ran: list[tuple[str, float, int]] = []
+
+    def scripted(specs, **_kwargs):
+        ran.extend((s.method, s.multiplier, s.seed) for s in specs)
+        return [({"HM": hm[s.multiplier, s.seed], "MU": hm[s.multiplier, s.seed]}, None) for s in specs]
+
+    monkeypatch.setattr(selection, "run_all", scripted)
+    settings = replace(PRESETS["quick"], lr_scale=1.0, lr_grid=(0.5, 1.0, 2.0), lr_grid_extend=0)
+    plan = BenchPlan(
+        data_dir=tmp_path / "test",
+        target=tmp_path,
+        golds={},
+        out_dir=tmp_path / "out",
+        methods=["npo"],
+        splits=["forget05"],
+        seeds=[42],
+        settings=settings,
+        validation=ValidationWorld(tmp_path / "validation", tmp_path, world_seed=1000),
+    )
+    one = selection.select_multipliers(plan, log=lambda _msg: None)
+    assert one["chosen"] == {"npo": 1.0} and one["seeds"] == [42]
+    ran.clear()
+    three = selection.select_multipliers(
+        replace(plan, settings=replace(settings, selection_seeds=3)), log=lambda _msg: None
+    )
+    assert sorted(ran) == sorted(("npo", m, s) for m in (0.5, 1.0, 2.0) for s in (42, 123, 456))
+    assert three["chosen"] == {"npo": 0.5} and three["seeds"] == [42, 123, 456]
+    assert three["validation_hm"]["npo"] == {"0.5": pytest.approx(0.45), "1": pytest.approx(0.24), "2": 0.0}
+    assert three["validation_hm_by_seed"]["npo"]["1"] == [0.42, 0.30, 0.0]
+    assert three["collapsed"] == {"npo": [2.0]}  # x1 lost everything at seed 456 only: not collapsed
+    assert "mean HM over seeds 42, 123, 456" in three["score"]
+
+
 def test_parallel_runs_make_the_sequential_runs(
     one_process_bench, small_world, validation_world, tmp_path, monkeypatch, capsys
 ):

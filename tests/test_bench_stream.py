@@ -126,8 +126,8 @@ def test_selection_on_stacked_requests_scores_hm_over_every_forget_set(
     world20, tmp_path, monkeypatch, capsys
 ):
     """--select-on sequence: every (method, multiplier) of the grid runs the N stacked requests on the
-    validation world's author groups (side by side with --jobs 2), is scored by its last HM_all, and the
-    test world's sequences run at the multiplier chosen."""
+    validation world's author groups at each selection seed (side by side with --jobs 2), is scored by its
+    last HM_all averaged over the seeds, and the test world's sequences run at the multiplier chosen."""
     import shutil
 
     from blade_core.bench.selection import choose
@@ -147,19 +147,26 @@ def test_selection_on_stacked_requests_scores_hm_over_every_forget_set(
     assert "--select-on sequence goes with --sequential N" in capsys.readouterr().err
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    assert main([*args, "--sequential", "2", "--select-on", "sequence", "--jobs", "2"]) == 0
-    assert "2 runs on 2 processes" in capsys.readouterr().err  # the grid's sequences, side by side
+    selecting = ["--sequential", "2", "--select-on", "sequence", "--selection-seeds", "2", "--jobs", "2"]
+    assert main([*args, *selecting]) == 0
+    assert "4 runs on 2 processes" in capsys.readouterr().err  # the grid's sequences at 2 seeds, side by side
     results = json.loads((out / "results.json").read_text())
     selection = results["selection"]
-    assert selection["on"] == "sequence" and selection["score"] == "HM_all after 2 stacked requests"
+    assert selection["on"] == "sequence"
+    assert selection["score"] == "mean HM_all after 2 stacked requests over seeds 42, 123"
     assert selection["split"] == "forget10" and selection["grid"] == [0.5, 2.0]
+    assert selection["seeds"] == [42, 123]
     scored = {}
     for tag in ("0.5", "2"):
-        stored = out / "selection" / "sequence2" / f"lr-x{tag}" / "sequential" / "blade" / "seed42"
-        rows = json.loads((stored / "rows.json").read_text())["rows"]
-        assert [r["step"] for r in rows] == [1, 2] and all(r["lr_multiplier"] == float(tag) for r in rows)
-        assert selection["validation_hm"]["blade"][tag] == rows[-1]["HM_all"]
-        scored[float(tag)] = rows[-1]["HM_all"]
+        last = []
+        for seed in (42, 123):
+            stored = out / "selection" / "sequence2" / f"lr-x{tag}" / "sequential" / "blade" / f"seed{seed}"
+            rows = json.loads((stored / "rows.json").read_text())["rows"]
+            assert [r["step"] for r in rows] == [1, 2] and all(r["lr_multiplier"] == float(tag) for r in rows)
+            last.append(rows[-1]["HM_all"])
+        assert selection["validation_hm_by_seed"]["blade"][tag] == last
+        assert selection["validation_hm"]["blade"][tag] == pytest.approx(sum(last) / 2)
+        scored[float(tag)] = sum(last) / 2
     assert selection["chosen"]["blade"] == choose(scored)
     tested = [r for r in results["rows"] if "step" in r]
     assert [(r["method"], r["step"]) for r in tested] == [("blade", 1), ("blade", 2)]

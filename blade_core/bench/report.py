@@ -184,7 +184,7 @@ def render_selection(selection: dict[str, Any] | None, factor: float | None) -> 
         "## Learning-rate multipliers chosen on the validation world",
         "",
         f"Validation world seed {selection['world_seed']} (never reported), split {selection.get('split')}, "
-        f"seed {selection.get('seed')}; the same grid and rule for every method; "
+        f"{_selection_seeds(selection)}; the same grid and rule for every method; "
         f"{selection.get('rule', '')}.",
         "",
         "| Method | chosen | " + " | ".join(f"HM at x{g}" for g in grid) + " |",
@@ -198,6 +198,15 @@ def render_selection(selection: dict[str, Any] | None, factor: float | None) -> 
         ]
         lines.append(f"| {method} | x{chosen:g} | " + " | ".join(cells) + " |")
     return [*lines, ""]
+
+
+def _selection_seeds(selection: dict[str, Any]) -> str:
+    """'seed 42', or 'seeds 42, 123, 456 (HM: their mean)' for a selection over several (older results.json
+    files name one `seed`)."""
+    seeds = selection.get("seeds") or [selection.get("seed")]
+    if len(seeds) == 1:
+        return f"seed {seeds[0]}"
+    return f"seeds {', '.join(map(str, seeds))} (HM: their mean)"
 
 
 def write_plots(

@@ -3,15 +3,16 @@
 The engine's LR rule (`blade_core/lr_scale.py`) gives every method a starting point. On a separate world with
 its own seed (synthesised and cached like the test world, never reported), every method runs once per
 multiplier of the same grid (`BenchSettings.lr_grid`, log-spaced around the rule's value 1.0), on the same
-split (`selection_split`), with the same seed (the bench's first) and the same schedule it will run on the
-test world; each method keeps the multiplier with the highest HM there (ties: the one nearest the rule's
-value). A method whose best HM sits on the grid's outermost point would be judged on a grid that did not
-bracket it, so it also tries the next point one grid step further out, and again while the best stays on
-the new edge, up to `BenchSettings.lr_grid_extend` points per side: the same rule for every method, which
-spends the extra runs only where the grid fell short. A method whose model utility collapsed (MU 0, so HM 0)
-at every point tried has no best to follow; every such point was too hot, so it steps down past the low
-edge the same way (`beyond_edge(collapsed=...)`). Only then does the bench open the test world. The
-selection needs no gold model (HM does not use one).
+split (`selection_split`), at the same seeds (the first `selection_seeds` of the bench's; one by default)
+and with the same schedule it will run on the test world; each method keeps the multiplier with the highest
+HM there, averaged over those seeds (ties: the one nearest the rule's value). A method whose best HM sits
+on the grid's outermost point would be judged on a grid that did not bracket it, so it also tries the next
+point one grid step further out, and again while the best stays on the new edge, up to
+`BenchSettings.lr_grid_extend` points per side: the same rule for every method, which spends the extra runs
+only where the grid fell short. A method whose model utility collapsed (MU 0, so HM 0, at every seed) at
+every point tried has no best to follow; every such point was too hot, so it steps down past the low edge
+the same way (`beyond_edge(collapsed=...)`). Only then does the bench open the test world. The selection
+needs no gold model (HM does not use one).
 
 A multiplier chosen for one request need not suit a stack of them (four adapters each trained at it move the
 model further than one). With `--sequential N --select-on sequence` the same grid and rule score each
@@ -31,7 +32,7 @@ from typing import Any
 
 from blade_core.bench.cache import world_seed_of
 from blade_core.bench.parallel import RunSpec, run_all
-from blade_core.bench.settings import BenchPlan, Log
+from blade_core.bench.settings import BenchPlan, Log, seed_list
 from blade_core.bench.stream import SequenceSpec, author_blocks, run_sequences, sequential_groups
 
 
@@ -87,7 +88,7 @@ def validation_plan(plan: BenchPlan) -> BenchPlan:
         golds={},
         out_dir=plan.validation.runs_dir or plan.out_dir / "selection",
         splits=[plan.settings.selection_split],
-        seeds=plan.seeds[:1],
+        seeds=seed_list(plan.settings.selection_seeds),
         validation=None,
         multipliers={},
         sequential=None,
@@ -101,21 +102,36 @@ def _collapsed(row: Mapping[str, Any]) -> bool:
     return isinstance(mu, (int, float)) and mu <= 0.0
 
 
-def _scores(vplan: BenchPlan, todo: list[tuple[str, float]], log: Log) -> list[tuple[float | None, bool]]:
-    """(HM, collapsed) of one request per (method, multiplier) on the validation split."""
-    split, seed = vplan.splits[0], vplan.seeds[0]
-    specs = [RunSpec(vplan, method, split, seed, multiplier=m, tag=multiplier_tag(m)) for method, m in todo]
+Score = tuple[float | None, bool]  # (HM, collapsed) of one run or sequence
+
+
+def over_seeds(scores: Sequence[Score]) -> Score:
+    """One grid point over the selection's seeds: (mean HM, collapsed at every seed). HM is None when a seed
+    has none (the point cannot be compared with the others)."""
+    hms = [hm for hm, _ in scores]
+    if not hms or any(not isinstance(hm, (int, float)) or not math.isfinite(hm) for hm in hms):
+        return None, False
+    return sum(hms) / len(hms), all(dead for _, dead in scores)  # type: ignore[arg-type]  # all floats
+
+
+def _scores(vplan: BenchPlan, todo: list[tuple[str, float]], log: Log) -> list[list[Score]]:
+    """(HM, collapsed) per seed of one request per (method, multiplier) on the validation split."""
+    split, seeds = vplan.splits[0], vplan.seeds
+    specs = [
+        RunSpec(vplan, method, split, seed, multiplier=m, tag=multiplier_tag(m))
+        for method, m in todo
+        for seed in seeds
+    ]
     done = run_all(specs, jobs=vplan.jobs, log=log, desc="selection", progress=vplan.progress)
-    return [(row.get("HM"), _collapsed(row)) for row, _ in done]
+    scores = [(row.get("HM"), _collapsed(row)) for row, _ in done]
+    return [scores[i : i + len(seeds)] for i in range(0, len(scores), len(seeds))]
 
 
-def _sequence_scores(
-    vplan: BenchPlan, todo: list[tuple[str, float]], n: int, log: Log
-) -> list[tuple[float | None, bool]]:
-    """(HM, collapsed) over every forget set after `n` stacked requests (`stream.run_sequence`) per (method,
-    multiplier), on the validation world's author groups; each multiplier's sequences under their own
-    directory."""
-    split, seed = vplan.settings.sequential_split, vplan.seeds[0]
+def _sequence_scores(vplan: BenchPlan, todo: list[tuple[str, float]], n: int, log: Log) -> list[list[Score]]:
+    """(HM, collapsed) per seed over every forget set after `n` stacked requests (`stream.run_sequence`) per
+    (method, multiplier), on the validation world's author groups; each multiplier's sequences under their
+    own directory."""
+    split, seeds = vplan.settings.sequential_split, vplan.seeds
     groups = sequential_groups(author_blocks(vplan.data_dir, split), n, split)
     specs = [
         SequenceSpec(
@@ -127,9 +143,11 @@ def _sequence_scores(
             groups,
         )
         for method, m in todo
+        for seed in seeds
     ]
     done = run_sequences(specs, jobs=vplan.jobs, log=log, desc="selection", progress=vplan.progress)
-    return [(rows[-1].get("HM_all"), _collapsed(rows[-1])) for rows in done]
+    scores = [(rows[-1].get("HM_all"), _collapsed(rows[-1])) for rows in done]
+    return [scores[i : i + len(seeds)] for i in range(0, len(scores), len(seeds))]
 
 
 def select_multipliers(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
@@ -148,13 +166,17 @@ def select_multipliers(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
     if on_sequence and not plan.sequential:
         raise ValueError("selecting on stacked requests needs --sequential N")
     split = plan.settings.sequential_split if on_sequence else vplan.splits[0]
-    seed = vplan.seeds[0]
+    seeds = vplan.seeds
     what = f"HM_all after {plan.sequential} stacked requests" if on_sequence else "HM"
+    if len(seeds) > 1:
+        what = f"mean {what} over seeds {', '.join(map(str, seeds))}"
     log(
         f"selecting learning-rate multipliers {grid} by {what} on the validation world {vplan.data_dir} "
-        f"({split}, seed {seed}; runs cached under {vplan.out_dir})"
+        f"({split}, seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}; runs cached under "
+        f"{vplan.out_dir})"
     )
     hms: dict[str, dict[float, float | None]] = {method: {} for method in plan.methods}
+    by_seed: dict[str, dict[float, list[float | None]]] = {method: {} for method in plan.methods}
     collapsed: dict[str, set[float]] = {method: set() for method in plan.methods}
     todo = [(method, m) for method in plan.methods for m in grid]
     limit = plan.settings.lr_grid_extend
@@ -164,7 +186,9 @@ def select_multipliers(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
             if on_sequence
             else _scores(vplan, todo, log)
         )
-        for (method, m), (hm, dead) in zip(todo, scores, strict=True):
+        for (method, m), per_seed in zip(todo, scores, strict=True):
+            by_seed[method][m] = [hm for hm, _ in per_seed]
+            hm, dead = over_seeds(per_seed)
             hms[method][m] = hm
             if dead:
                 collapsed[method].add(m)
@@ -194,7 +218,11 @@ def select_multipliers(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
         },
         "collapsed": {m: sorted(by) for m, by in collapsed.items() if by},
         "split": split,
-        "seed": seed,
+        "seed": seeds[0],
+        "seeds": seeds,
+        "validation_hm_by_seed": {
+            m: {f"{k:g}": v for k, v in sorted(by.items())} for m, by in by_seed.items()
+        },
         "on": "sequence" if on_sequence else "request",
         "score": what,
         "rule": f"argmax validation {what}; ties to the multiplier nearest 1 (the LR rule's value); a best "

@@ -59,6 +59,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--selection-split", help="the validation world's split for the selection (default forget05)"
     )
     p.add_argument(
+        "--selection-seeds",
+        type=int,
+        help="seeds each multiplier runs at on the validation world, scored by their mean HM (default 1: "
+        "42; N: the first N of 42,123,456,789,1024)",
+    )
+    p.add_argument(
         "--validation-data",
         type=Path,
         help="--data: a TOFU-format validation world for the selection (default with --data: no selection)",
@@ -146,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.validation_target and not args.validation_data:
         raise CliError("--validation-target goes with --validation-data")
-    for name in ("seeds", "max_steps", "authors", "eval_max_rows", "sequential"):
+    for name in ("seeds", "max_steps", "authors", "eval_max_rows", "sequential", "selection_seeds"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise CliError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
@@ -172,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
             lr_scale=args.lr_scale,
             lr_grid=_floats(args.lr_grid, "--lr-grid") if args.lr_grid else None,
             selection_split=args.selection_split,
+            selection_seeds=args.selection_seeds,
             lr_grid_extend=args.lr_grid_extend,
         )
     except ValueError as exc:
