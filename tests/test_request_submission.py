@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import bindparam, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from blade_service.persistence import audit, auth, base_models, datasets, requests
@@ -104,6 +104,30 @@ def test_the_request_returned_is_the_row_stored_column_for_column(world):
         assert stored is not None and stored is not made
         assert returned == {a.key: getattr(stored, a.key) for a in UnlearnRequest.__mapper__.column_attrs}
     assert returned["meta"] == {"ticket": "T-1"} and returned["queue_seq"] == 1
+
+
+def test_the_next_queue_number_is_read_from_the_end_of_the_index_before_any_analyze(pg_world):
+    """A new database has no statistics until autovacuum's first ANALYZE; the next number must still come
+    from the end of the (base_model_id, queue_seq) index, not from a scan of every request of the base
+    model (which max() planned there, its cost growing with the queue)."""
+    for _ in range(3):
+        with pg_world.factory() as s, s.begin():
+            world_request, _, _ = pg_world.submit(s)
+    table = UnlearnRequest.__table__
+    with pg_world.factory() as s:
+        assert s.scalar(text("SELECT reltuples FROM pg_class WHERE relname = 'unlearn_requests'")) < 0
+        nxt = select(requests._next_queue_seq(table, bindparam("m", world_request.base_model_id)))
+        sql = nxt.compile(dialect=s.get_bind().dialect, compile_kwargs={"literal_binds": True})
+        plan = s.scalar(text(f"EXPLAIN (FORMAT JSON) {sql}"))[0]["Plan"]
+        assert s.scalar(nxt) == 4
+
+    def scans(node: dict[str, Any]) -> list[tuple[str, str | None, str | None]]:
+        found = [(node["Node Type"], node.get("Index Name"), node.get("Scan Direction"))]
+        return found + [scan for child in node.get("Plans", []) for scan in scans(child)]
+
+    kind, index, direction = scans(plan)[-1]
+    assert kind in ("Index Only Scan", "Index Scan"), scans(plan)
+    assert (index, direction) == ("uq_unlearn_requests_base_model_id_queue_seq", "Backward"), scans(plan)
 
 
 def test_a_repeated_idempotency_key_returns_the_original_and_a_changed_body_conflicts(world):

@@ -284,12 +284,18 @@ SUBMITTED_CHANNEL = "blade_request_submitted"
 
 
 def _next_queue_seq(table: Table, model_id: BindParameter[str]) -> Any:
-    """The base model's last `queue_seq` + 1 (read under its row lock: `_claim`)."""
-    return (
-        select(func.coalesce(func.max(table.c.queue_seq), 0) + 1)
+    """The base model's last `queue_seq` + 1 (read under its row lock: `_claim`). The newest row's number, not
+    max(): PostgreSQL reads it from the end of the (base_model_id, queue_seq) index whatever its statistics
+    say, where max() over a table not analysed yet (a new deployment, a bulk load) read every request of
+    the base model."""
+    last = (
+        select(table.c.queue_seq)
         .where(table.c.base_model_id == model_id)
+        .order_by(table.c.queue_seq.desc())
+        .limit(1)
         .scalar_subquery()
     )
+    return func.coalesce(last, 0) + 1
 
 
 def _ahead(table: Table, model_id: BindParameter[str]) -> Any:
