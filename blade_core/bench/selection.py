@@ -108,10 +108,15 @@ Score = tuple[float | None, bool]  # (HM, collapsed) of one run or sequence
 def over_seeds(scores: Sequence[Score]) -> Score:
     """One grid point over the selection's seeds: (mean HM, collapsed at every seed). HM is None when a seed
     has none (the point cannot be compared with the others)."""
-    hms = [hm for hm, _ in scores]
-    if not hms or any(not isinstance(hm, (int, float)) or not math.isfinite(hm) for hm in hms):
+    hms = [float(hm) for hm, _ in scores if isinstance(hm, (int, float)) and math.isfinite(hm)]
+    if not scores or len(hms) < len(scores):
         return None, False
-    return sum(hms) / len(hms), all(dead for _, dead in scores)  # type: ignore[arg-type]  # all floats
+    return sum(hms) / len(hms), all(dead for _, dead in scores)
+
+
+def _by_point(scores: list[Score], seeds: int) -> list[list[Score]]:
+    """Scores made point by point, `seeds` each in seed order, grouped per point."""
+    return [scores[i : i + seeds] for i in range(0, len(scores), seeds)]
 
 
 def _scores(vplan: BenchPlan, todo: list[tuple[str, float]], log: Log) -> list[list[Score]]:
@@ -123,8 +128,7 @@ def _scores(vplan: BenchPlan, todo: list[tuple[str, float]], log: Log) -> list[l
         for seed in seeds
     ]
     done = run_all(specs, jobs=vplan.jobs, log=log, desc="selection", progress=vplan.progress)
-    scores = [(row.get("HM"), _collapsed(row)) for row, _ in done]
-    return [scores[i : i + len(seeds)] for i in range(0, len(scores), len(seeds))]
+    return _by_point([(row.get("HM"), _collapsed(row)) for row, _ in done], len(seeds))
 
 
 def _sequence_scores(vplan: BenchPlan, todo: list[tuple[str, float]], n: int, log: Log) -> list[list[Score]]:
@@ -146,8 +150,7 @@ def _sequence_scores(vplan: BenchPlan, todo: list[tuple[str, float]], n: int, lo
         for seed in seeds
     ]
     done = run_sequences(specs, jobs=vplan.jobs, log=log, desc="selection", progress=vplan.progress)
-    scores = [(rows[-1].get("HM_all"), _collapsed(rows[-1])) for rows in done]
-    return [scores[i : i + len(seeds)] for i in range(0, len(scores), len(seeds))]
+    return _by_point([(rows[-1].get("HM_all"), _collapsed(rows[-1])) for rows in done], len(seeds))
 
 
 def select_multipliers(plan: BenchPlan, log: Log = print) -> dict[str, Any]:
