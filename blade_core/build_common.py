@@ -9,6 +9,7 @@ import functools
 import hashlib
 import json
 import math
+import os
 import platform
 import random
 import shutil
@@ -105,12 +106,29 @@ def flush_denormals() -> Iterator[None]:
         torch.set_flush_denormal(before)
 
 
+# MKL reads these when it loads and then picks other kernels (on an AVX512 Intel box MKL_CBWR=AVX2 changes
+# matmuls, exp and sqrt); unset, MKL picks by CPU, which `cpu_identity` already names.
+MKL_KERNEL_SETTINGS = ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def mkl_settings() -> dict[str, str]:
+    """The MKL kernel settings this process runs under (`MKL_KERNEL_SETTINGS` that are set)."""
+    return {name: os.environ[name] for name in MKL_KERNEL_SETTINGS if os.environ.get(name)}
+
+
 def numerics() -> dict[str, Any]:
     """What changes a build's weights besides its data, recipe and seed: the torch version, its CPU thread
-    count (a float reduction split over two threads sums in another order than on one) and the CPU (its
-    kernels differ by model and instruction set). Part of every build key, so one key names one set of
-    weights on every machine that builds it; `build_info.json` records the key."""
-    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": cpu_identity()}
+    count (a float reduction split over two threads sums in another order than on one), the CPU (its
+    kernels differ by model and instruction set) and any MKL kernel setting in the environment. Part of
+    every build key, so one key names one set of weights on every machine that builds it; `build_info.json`
+    records the key. An MKL setting enters only when set, so keys made without one keep their value."""
+    mkl = mkl_settings()
+    return {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu": cpu_identity(),
+        **({"mkl": mkl} if mkl else {}),
+    }
 
 
 def read_qa(path: Path) -> list[dict[str, str]]:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from blade_core.build import build_model
+from blade_core.build_common import numerics
 from blade_core.modeling import (
     LORA_TARGETS,
     SIZES,
@@ -19,7 +20,15 @@ from blade_core.modeling import (
     new_llama,
     train_tokenizer,
 )
-from blade_core.pretrain import TWO_STAGE, BaseRecipe, FinetuneRecipe, TwoStage, _linear, corpus_texts
+from blade_core.pretrain import (
+    TWO_STAGE,
+    BaseRecipe,
+    FinetuneRecipe,
+    TwoStage,
+    _linear,
+    base_key,
+    corpus_texts,
+)
 from blade_core.synth import pretrain_corpus, world_summary, write_world
 from blade_service.cli.main import main
 
@@ -160,6 +169,20 @@ def test_a_build_key_names_the_torch_thread_count(world: Path, tmp_path: Path) -
         world, tmp_path / "t", two_stage=TINY, cache_dir=tmp_path / "c", threads=1, progress=False
     )
     assert again.cached and again.info["key"] == one.info["key"]
+
+
+def test_a_build_key_names_the_mkl_kernel_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MKL_CBWR makes MKL pick other kernels (other floats), so a base built under it has its own key; unset,
+    the key is what it was before the setting existed, so earlier caches stay valid."""
+    monkeypatch.delenv("MKL_CBWR", raising=False)
+    monkeypatch.delenv("MKL_ENABLE_INSTRUCTIONS", raising=False)
+    plain = base_key(TINY.base)
+    assert "mkl" not in numerics()
+    monkeypatch.setenv("MKL_CBWR", "AVX2")
+    assert numerics()["mkl"] == {"MKL_CBWR": "AVX2"}
+    assert base_key(TINY.base) != plain
+    monkeypatch.setenv("MKL_CBWR", "")
+    assert base_key(TINY.base) == plain
 
 
 def test_an_explicit_base_dir_is_fine_tuned(built: dict, world: Path, tmp_path: Path) -> None:

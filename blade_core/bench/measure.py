@@ -12,7 +12,7 @@ import resource
 import threading
 from typing import Any
 
-from blade_core.build_common import cpu_identity
+from blade_core.build_common import cpu_identity, mkl_settings
 
 
 def _release_free_memory() -> None:
@@ -90,7 +90,8 @@ def machine() -> dict[str, Any]:
     )
     return {
         "cpu": cpu,
-        "cpu_identity": cpu_identity(),  # what a bit-for-bit comparison needs (the build keys carry it)
+        "cpu_identity": cpu_identity(),  # with `mkl`, what a bit-for-bit comparison needs (as build keys)
+        "mkl": mkl_settings(),
         "cores": cores,
         "gpu": gpu,
         "torch": torch.__version__,
