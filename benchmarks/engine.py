@@ -1,7 +1,8 @@
 """Engine benchmark (not a test): cost of a BLADE outer step vs a full-parameter GradDiff step on the same
 model (time, tokens/s, memory, and each protocol to its end: BLADE to its convergence stop vs GradDiff's 10
 epochs), peak memory of the chunked vs the naive clamped entropy at vocabulary 128k, sequence 1024, batch 1,
-and the clamped entropy fused with the LM head (no (B, T, V) logits) vs the logits path at that size.
+the clamped entropy fused with the LM head (no (B, T, V) logits) vs the logits path at that size, and BLADE's
+outer losses in two forward/backward passes (as `outer_step` runs them) vs one pass over both batches stacked.
 
     .venv/bin/python benchmarks/engine.py                # defaults below; --help for sizes
     .venv/bin/python benchmarks/engine.py --device cuda  # CUDA peak allocated memory instead of RSS
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -182,6 +184,81 @@ def work_grad_diff(args: argparse.Namespace, device: torch.device) -> dict[str, 
     return _timed(step, args, device, sum(p.numel() for p in model.parameters()), 2 * args.batch * args.seq)
 
 
+def _outer_work(args: argparse.Namespace, device: torch.device, *, one_pass: bool) -> dict[str, Any]:
+    """The gradient of BLADE's outer objective's two losses, L_fgt on `batch` forget rows of `seq` tokens and
+    L_ret on `batch` retain rows of `retain_seq` tokens: two forward/backward passes (what `outer_step` does)
+    or one over both batches stacked (the retain rows padded to the longer length). Both through the fused
+    LM head, as BLADE trains."""
+    from blade_core import lora
+    from blade_core.head import final_hidden, split_head
+    from blade_core.losses import counted_mask, fused_clamped_entropy_loss, fused_token_cross_entropy
+    from blade_core.methods import blade
+
+    model, rows, labels = _model_and_data(args, device)
+    cfg = blade.BladeConfig(batch_size=args.batch, max_length=args.seq)
+    model = lora.attach_adapter(model, cfg)
+    model.train()
+    params = lora.trainable_parameters(model)
+    split = split_head(model)
+    assert split is not None
+    decoder, head = split
+    b, t_f, t_r = args.batch, args.seq, args.retain_seq or args.seq
+
+    def batch(first: int, length: int) -> dict[str, torch.Tensor]:
+        ids = torch.tensor([r[:length] for r in rows[first : first + b]], device=device)
+        lab = torch.tensor([r[:length] for r in labels[first : first + b]], device=device)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": lab}
+
+    forget, retain = batch(0, t_f), batch(b, t_r)
+    forget_mask = counted_mask(forget["labels"], forget["attention_mask"], cfg.forget_tokens)
+    pad = max(t_f, t_r)
+
+    def padded(x: torch.Tensor, value: int) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (0, pad - x.shape[1]), value=value)
+
+    both = {
+        "input_ids": torch.cat([padded(forget["input_ids"], 0), padded(retain["input_ids"], 0)]),
+        "attention_mask": torch.cat(
+            [padded(forget["attention_mask"], 0), padded(retain["attention_mask"], 0)]
+        ),
+    }
+
+    def forget_loss(h: torch.Tensor) -> torch.Tensor:
+        return fused_clamped_entropy_loss(h, head, forget_mask, cfg.tau, chunk=cfg.loss_chunk)[0]
+
+    def retain_loss(h: torch.Tensor) -> torch.Tensor:
+        return fused_token_cross_entropy(h, head, retain["labels"], chunk=cfg.loss_chunk)
+
+    total = {"loss": 0.0}
+
+    def step() -> None:
+        for p in params:
+            p.grad = None
+        if one_pass:
+            h = final_hidden(decoder, both)
+            l_fgt, l_ret = forget_loss(h[:b, :t_f]), retain_loss(h[b:, :t_r])
+            (l_fgt + l_ret).backward()
+        else:
+            l_fgt = forget_loss(final_hidden(decoder, forget))
+            l_fgt.backward()
+            l_ret = retain_loss(final_hidden(decoder, retain))
+            l_ret.backward()
+        total["loss"] = l_fgt.item() + l_ret.item()
+
+    result: dict[str, Any] = _timed(step, args, device, sum(p.numel() for p in params), b * (t_f + t_r))
+    result["loss"] = total["loss"]
+    result["grad_norms"] = [p.grad.double().norm().item() for p in params if p.grad is not None]
+    return result
+
+
+def work_outer_two_passes(args, device):
+    return _outer_work(args, device, one_pass=False)
+
+
+def work_outer_one_pass(args, device):
+    return _outer_work(args, device, one_pass=True)
+
+
 def _entropy_inputs(args: argparse.Namespace, device: torch.device):
     torch.manual_seed(0)
     dtype = torch.bfloat16 if args.entropy_dtype == "bf16" else torch.float32
@@ -260,6 +337,8 @@ WORKS = {
     "grad_diff": work_grad_diff,
     "entropy_chunked": work_entropy_chunked,
     "entropy_naive": work_entropy_naive,
+    "outer_two_passes": work_outer_two_passes,
+    "outer_one_pass": work_outer_one_pass,
 }
 
 
@@ -281,7 +360,7 @@ def protocol_costs(args: argparse.Namespace, blade: dict, grad_diff: dict) -> di
     }
 
 
-def _measure(name: str, argv: list[str]) -> dict[str, float]:
+def _measure(name: str, argv: list[str]) -> dict[str, Any]:
     proc = subprocess.run(
         [sys.executable, __file__, "--work", name, *argv],
         capture_output=True,
@@ -309,6 +388,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--batch", type=int, default=4)
+    p.add_argument(
+        "--retain-seq",
+        type=int,
+        default=None,
+        help="retain rows' length in the outer-step comparison (default --seq)",
+    )
     p.add_argument("--steps", type=int, default=3, help="measured steps (after one warm-up step)")
     p.add_argument("--entropy-vocab", type=int, default=128_256)
     p.add_argument("--entropy-seq", type=int, default=1024)
@@ -341,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     passthrough = [a for a in argv if a not in ("--skip-steps", "--skip-entropy")]
-    figures: dict[str, dict[str, float]] = {}
+    figures: dict[str, dict[str, Any]] = {}
     threads = args.threads if device.type == "cpu" else torch.get_num_threads()
     print(
         f"device {device}, torch {torch.__version__}, {threads} threads, "
@@ -372,6 +457,26 @@ def main(argv: list[str] | None = None) -> int:
             f"  each protocol to its end on {args.forget_rows} forget rows: BLADE {args.blade_steps} steps "
             f"{p['blade_s']:.1f} s vs GradDiff 10 epochs at batch 32 ({p['grad_diff_steps']} steps) "
             f"{p['grad_diff_s']:.1f} s: x{p['ratio']:.2f}"
+        )
+        print(
+            f"BLADE's outer losses, forget {args.batch} x {args.seq} and retain {args.batch} x "
+            f"{args.retain_seq or args.seq} tokens, forward + backward:"
+        )
+        for name in ("outer_two_passes", "outer_one_pass"):
+            figures[name] = r = _measure(name, passthrough)
+            print(
+                f"  {name:<17} {r['seconds'] / args.steps:7.3f} s/step "
+                f"(CPU time {r['cpu_seconds'] / args.steps:7.3f} s)   "
+                f"peak extra {r['peak_extra_mb']:8.1f} MiB   loss {r['loss']:.6f}"
+            )
+        two, one = figures["outer_two_passes"], figures["outer_one_pass"]
+        pairs = zip(two["grad_norms"], one["grad_norms"], strict=True)
+        gap = max(abs(x - y) / max(abs(x), 1e-12) for x, y in pairs)
+        print(
+            f"  one pass / two passes: time x{one['seconds'] / two['seconds']:.2f} "
+            f"(CPU time x{one['cpu_seconds'] / two['cpu_seconds']:.2f}), peak extra memory "
+            f"x{one['peak_extra_mb'] / max(two['peak_extra_mb'], 1e-9):.2f}; "
+            f"per-parameter gradient norms agree to {gap:.1e} (relative)"
         )
     if not args.skip_entropy:
         print(
