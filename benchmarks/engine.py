@@ -25,6 +25,7 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -373,6 +374,19 @@ def _measure(name: str, argv: list[str]) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _measure_pair(
+    names: tuple[str, str],
+    argv: list[str],
+    figures: dict[str, dict[str, Any]],
+    line: Callable[[dict[str, Any]], str],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Measure two workloads one after the other, print a `line` for each, keep both in `figures`."""
+    for name in names:
+        figures[name] = _measure(name, argv)
+        print(f"  {name:<17} {line(figures[name])}")
+    return figures[names[0]], figures[names[1]]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
@@ -437,14 +451,16 @@ def main(argv: list[str] | None = None) -> int:
             f"model: Llama hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}; "
             f"batch {args.batch} x seq {args.seq}; {args.steps} measured steps each"
         )
-        for name in ("blade", "grad_diff"):
-            figures[name] = r = _measure(name, passthrough)
-            print(
-                f"  {name:<10} {r['seconds'] / args.steps:7.2f} s/step "
-                f"(CPU time {r['cpu_seconds'] / args.steps:7.2f} s)  {r['tokens_per_s']:9.0f} tokens/s"
-                f"   peak extra {r['peak_extra_mb']:8.1f} MiB   trainable {r['trainable_params'] / 1e6:.2f} M"
-            )
-        b, g = figures["blade"], figures["grad_diff"]
+        b, g = _measure_pair(
+            ("blade", "grad_diff"),
+            passthrough,
+            figures,
+            lambda r: (
+                f"{r['seconds'] / args.steps:7.2f} s/step (CPU time {r['cpu_seconds'] / args.steps:7.2f} s)  "
+                f"{r['tokens_per_s']:9.0f} tokens/s   peak extra {r['peak_extra_mb']:8.1f} MiB   "
+                f"trainable {r['trainable_params'] / 1e6:.2f} M"
+            ),
+        )
         print(
             f"  BLADE / GradDiff: time per step x{b['seconds'] / g['seconds']:.2f} "
             f"(CPU time x{b['cpu_seconds'] / g['cpu_seconds']:.2f}), "
@@ -462,14 +478,15 @@ def main(argv: list[str] | None = None) -> int:
             f"BLADE's outer losses, forget {args.batch} x {args.seq} and retain {args.batch} x "
             f"{args.retain_seq or args.seq} tokens, forward + backward:"
         )
-        for name in ("outer_two_passes", "outer_one_pass"):
-            figures[name] = r = _measure(name, passthrough)
-            print(
-                f"  {name:<17} {r['seconds'] / args.steps:7.3f} s/step "
-                f"(CPU time {r['cpu_seconds'] / args.steps:7.3f} s)   "
-                f"peak extra {r['peak_extra_mb']:8.1f} MiB   loss {r['loss']:.6f}"
-            )
-        two, one = figures["outer_two_passes"], figures["outer_one_pass"]
+        two, one = _measure_pair(
+            ("outer_two_passes", "outer_one_pass"),
+            passthrough,
+            figures,
+            lambda r: (
+                f"{r['seconds'] / args.steps:7.3f} s/step (CPU time {r['cpu_seconds'] / args.steps:7.3f} s) "
+                f"  peak extra {r['peak_extra_mb']:8.1f} MiB   loss {r['loss']:.6f}"
+            ),
+        )
         pairs = zip(two["grad_norms"], one["grad_norms"], strict=True)
         gap = max(abs(x - y) / max(abs(x), 1e-12) for x, y in pairs)
         print(
