@@ -8,9 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from blade_core.build import build_model
-from blade_core.build_common import numerics
+from blade_core.build_common import cpu_identity, numerics
 from blade_core.modeling import (
     LORA_TARGETS,
     SIZES,
@@ -177,7 +178,11 @@ def test_a_build_key_names_the_mkl_kernel_settings(monkeypatch: pytest.MonkeyPat
     monkeypatch.delenv("MKL_CBWR", raising=False)
     monkeypatch.delenv("MKL_ENABLE_INSTRUCTIONS", raising=False)
     plain = base_key(TINY.base)
-    assert "mkl" not in numerics()
+    assert numerics() == {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu": cpu_identity(),
+    }
     monkeypatch.setenv("MKL_CBWR", "AVX2")
     assert numerics()["mkl"] == {"MKL_CBWR": "AVX2"}
     assert base_key(TINY.base) != plain
