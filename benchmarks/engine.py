@@ -224,25 +224,22 @@ def _outer_work(args: argparse.Namespace, device: torch.device, *, one_pass: boo
         ),
     }
 
-    def forget_loss(h: torch.Tensor) -> torch.Tensor:
-        return fused_clamped_entropy_loss(h, head, forget_mask, cfg.tau, chunk=cfg.loss_chunk)[0]
-
-    def retain_loss(h: torch.Tensor) -> torch.Tensor:
-        return fused_token_cross_entropy(h, head, retain["labels"], chunk=cfg.loss_chunk)
-
     total = {"loss": 0.0}
 
     def step() -> None:
         for p in params:
             p.grad = None
-        if one_pass:
+        if one_pass:  # the same two fused losses, each on its rows of one stacked forward
             h = final_hidden(decoder, both)
-            l_fgt, l_ret = forget_loss(h[:b, :t_f]), retain_loss(h[b:, :t_r])
+            l_fgt, _ = fused_clamped_entropy_loss(
+                h[:b, :t_f], head, forget_mask, cfg.tau, chunk=cfg.loss_chunk
+            )
+            l_ret = fused_token_cross_entropy(h[b:, :t_r], head, retain["labels"], chunk=cfg.loss_chunk)
             (l_fgt + l_ret).backward()
-        else:
-            l_fgt = forget_loss(final_hidden(decoder, forget))
+        else:  # BLADE's own losses, one graph at a time, as `outer_step` runs them
+            l_fgt = blade.forget_loss(model, forget, cfg)[0]
             l_fgt.backward()
-            l_ret = retain_loss(final_hidden(decoder, retain))
+            l_ret = blade.retain_loss(model, retain, cfg)
             l_ret.backward()
         total["loss"] = l_fgt.item() + l_ret.item()
 
