@@ -105,6 +105,29 @@ def _model_and_data(args: argparse.Namespace, device: torch.device):
     return model, rows, labels
 
 
+# Dense bf16 peak of the accelerators we may be lent (NVIDIA's data sheets, without sparsity), for MFU.
+PEAK_BF16_FLOPS = {"H100 PCIe": 756e12, "H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
+
+
+def forward_flops_per_token(model: torch.nn.Module, seq: int) -> float:
+    """Model FLOPs of one token's forward pass, PaLM's accounting (Chowdhery et al. 2022, app. B):
+    2 * N_matmul + 4 * L * T * d, where N_matmul counts every linear weight (the LM head included, the
+    embedding lookup not) and the second term is attention's QK^T and AV at context T. A backward pass costs
+    2x forward when every weight trains and 1x when the base is frozen (LoRA: only input gradients; the
+    adapters' own FLOPs are negligible). Recomputation under gradient checkpointing is not counted (MFU, not
+    hardware FLOPs utilisation)."""
+    n_matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    config = model.config
+    return 2 * n_matmul + 4 * config.num_hidden_layers * seq * config.hidden_size
+
+
+def peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_BF16_FLOPS.items() if key in name), None)
+
+
 def _dataset(rows, labels):
     from blade_core.data import TokenizedDataset
 
@@ -112,10 +135,16 @@ def _dataset(rows, labels):
 
 
 def _timed(
-    step, args: argparse.Namespace, device: torch.device, trainable: int, tokens_per_step: int
+    step,
+    args: argparse.Namespace,
+    device: torch.device,
+    trainable: int,
+    tokens_per_step: int,
+    flops_per_token: float,
 ) -> dict[str, float]:
     """Memory from before the first step (so gradients and optimiser state count); time after one warm-up
-    step; tokens/s counts every token a forward and backward pass went through."""
+    step; tokens/s counts every token a forward and backward pass went through; model FLOPs/s is tokens/s
+    times `flops_per_token` (forward + backward), and MFU that over the device's dense bf16 peak."""
     meter = Meter(device)
     meter.start()
     step()  # warm-up: allocates gradients and the optimiser state
@@ -130,6 +159,10 @@ def _timed(
     result["trainable_params"] = trainable
     result["tokens_per_step"] = tokens_per_step
     result["tokens_per_s"] = tokens_per_step * args.steps / result["seconds"]
+    result["model_tflops_per_s"] = result["tokens_per_s"] * flops_per_token / 1e12
+    peak = peak_flops(device)
+    if peak is not None:
+        result["mfu"] = result["model_tflops_per_s"] * 1e12 / peak
     return result
 
 
@@ -139,6 +172,7 @@ def work_blade(args: argparse.Namespace, device: torch.device) -> dict[str, floa
     from blade_core.methods import blade
 
     model, rows, labels = _model_and_data(args, device)
+    flops = 2 * forward_flops_per_token(model, args.seq)  # frozen base: forward + input gradients
     cfg = blade.BladeConfig(
         batch_size=args.batch, grad_accum=args.grad_accum, max_length=args.seq, recovery_factor=0
     )
@@ -159,7 +193,7 @@ def work_blade(args: argparse.Namespace, device: torch.device) -> dict[str, floa
         lam = blade.dual_update(lam, out["r"], cfg)
 
     rows_per_step = (cfg.inner_steps + 2) * cfg.grad_accum * args.batch  # K inner + forget + retain
-    return _timed(step, args, device, sum(p.numel() for p in params), rows_per_step * args.seq)
+    return _timed(step, args, device, sum(p.numel() for p in params), rows_per_step * args.seq, flops)
 
 
 def work_grad_diff(args: argparse.Namespace, device: torch.device) -> dict[str, float]:
@@ -167,6 +201,7 @@ def work_grad_diff(args: argparse.Namespace, device: torch.device) -> dict[str, 
     from blade_core.losses import token_cross_entropy
 
     model, rows, labels = _model_and_data(args, device)
+    flops = 3 * forward_flops_per_token(model, args.seq)  # every weight trains: forward + 2x backward
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01)
     forget = BatchStream(_dataset(rows, labels), args.batch, seed=0)
@@ -182,7 +217,8 @@ def work_grad_diff(args: argparse.Namespace, device: torch.device) -> dict[str, 
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
 
-    return _timed(step, args, device, sum(p.numel() for p in model.parameters()), 2 * args.batch * args.seq)
+    trainable = sum(p.numel() for p in model.parameters())
+    return _timed(step, args, device, trainable, 2 * args.batch * args.seq, flops)
 
 
 def _outer_work(args: argparse.Namespace, device: torch.device, *, one_pass: bool) -> dict[str, Any]:
@@ -196,6 +232,7 @@ def _outer_work(args: argparse.Namespace, device: torch.device, *, one_pass: boo
     from blade_core.methods import blade
 
     model, rows, labels = _model_and_data(args, device)
+    flops = 2 * forward_flops_per_token(model, args.seq)
     cfg = blade.BladeConfig(batch_size=args.batch, max_length=args.seq)
     model = lora.attach_adapter(model, cfg)
     model.train()
@@ -243,7 +280,8 @@ def _outer_work(args: argparse.Namespace, device: torch.device, *, one_pass: boo
             l_ret.backward()
         total["loss"] = l_fgt.item() + l_ret.item()
 
-    result: dict[str, Any] = _timed(step, args, device, sum(p.numel() for p in params), b * (t_f + t_r))
+    trainable = sum(p.numel() for p in params)
+    result: dict[str, Any] = _timed(step, args, device, trainable, b * (t_f + t_r), flops)
     result["loss"] = total["loss"]
     result["grad_norms"] = [p.grad.double().norm().item() for p in params if p.grad is not None]
     return result
@@ -439,10 +477,12 @@ def main(argv: list[str] | None = None) -> int:
     passthrough = [a for a in argv if a not in ("--skip-steps", "--skip-entropy")]
     figures: dict[str, dict[str, Any]] = {}
     threads = args.threads if device.type == "cpu" else torch.get_num_threads()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(
-        f"device {device}, torch {torch.__version__}, {threads} threads, "
-        f"load average {os.getloadavg()[0]:.1f}"
+        f"device {device} ({name}; dense bf16 peak {(peak_flops(device) or 0) / 1e12:.0f} TFLOP/s), "
+        f"torch {torch.__version__}, {threads} threads, load average {os.getloadavg()[0]:.1f}"
     )
+    figures["device"] = {"name": name, "torch": torch.__version__, "peak_bf16_flops": peak_flops(device)}
     if not args.skip_steps:
         print(
             f"model: Llama hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}; "
@@ -455,7 +495,8 @@ def main(argv: list[str] | None = None) -> int:
             lambda r: (
                 f"{r['seconds'] / args.steps:7.2f} s/step (CPU time {r['cpu_seconds'] / args.steps:7.2f} s)  "
                 f"{r['tokens_per_s']:9.0f} tokens/s   peak extra {r['peak_extra_mb']:8.1f} MiB   "
-                f"trainable {r['trainable_params'] / 1e6:.2f} M"
+                f"trainable {r['trainable_params'] / 1e6:.2f} M   {r['model_tflops_per_s']:.3f} model TFLOP/s"
+                + (f" (MFU {100 * r['mfu']:.1f}%)" if "mfu" in r else "")
             ),
         )
         print(

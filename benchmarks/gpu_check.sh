@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The GPU checks in one run (issues 9 and 14), for a lent accelerator whose time is short:
+#   1. one unlearn request end to end through `blade up` (API + Celery worker + SQLite), trained on the GPU
+#      (bf16 + gradient checkpointing, the worker's CUDA defaults): request, events and metrics as JSON;
+#   2. benchmarks/engine.py on CUDA at its default size (with the 128k-vocabulary entropy and LM-head
+#      comparisons in bf16) and at a 1B-parameter size: tokens/s, peak memory and MFU;
+#   3. `blade bench --synthetic --quick` on CUDA for four methods on forget01, in whatever time is left.
+# Each step has its own time limit and writes under OUT as it goes, so a failure or a timeout in one step
+# still leaves the others' figures.
+#
+#   OUT=out/gpu PY=.venv/bin/python DEVICE=cpu LARGE='--hidden 128' benchmarks/gpu_check.sh   # a rehearsal
+#   OUT=$OUT DEMO=.devrun/demo benchmarks/gpu_check.sh                   # on the device (python3 there)
+#
+# DEMO: a demo cache dir (`demo-tiny/` + `data/`, as blade_core.demo writes it) built beforehand, so the
+# device spends no time training the demo model. WHEELS: a folder of wheels the device's Python lacks
+# (the service's dependencies), installed into /tmp/site first. BUDGET: seconds the whole run may take.
+set -uo pipefail
+OUT=${OUT:?set OUT to a folder for the results}
+PY=${PY:-python3}
+DEMO=${DEMO:-.devrun/demo}
+WHEELS=${WHEELS:-.whl}
+BUDGET=${BUDGET:-560}
+DEVICE=${DEVICE:-cuda}
+ENGINE_STEPS=${ENGINE_STEPS:-3}
+LARGE=${LARGE:---hidden 2048 --layers 16 --heads 16 --vocab 32000 --seq 512 --batch 4}
+start=$SECONDS
+WORK=/tmp/gpu-check
+rm -rf "$WORK" && mkdir -p "$OUT" "$WORK"
+# Everything lands in WORK; after each step one archive of it goes to OUT (the device returns few files).
+save() { tar -C /tmp -czf "$OUT/gpu-check.tgz" gpu-check; }
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+if [ -d "$WHEELS" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        "$WHEELS"/*.whl || exit 1
+    export PYTHONPATH="/tmp/site:$PYTHONPATH"
+fi
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
+    "$PY" -c "import torch, transformers, peft; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
+'transformers', transformers.__version__, 'peft', peft.__version__)"
+} 2>&1 | tee "$WORK/env.txt"
+# Fail in seconds, not minutes, when an import is missing (a rerun then still fits the device time).
+"$PY" -c "import blade_service.api.main, blade_service.worker.tasks, blade_core.unlearn, rouge_score" \
+    2>&1 | tee -a "$WORK/env.txt" || exit 1
+
+left() { echo $((BUDGET - (SECONDS - start))); }
+
+echo "== 1. one request end to end (blade up) =="
+step1() {
+    local data=/tmp/blade-gpu-var port=8765 t0 rc up
+    rm -rf "$data"
+    "$PY" -m blade_service.cli up --port $port --data-dir "$data" \
+        --demo-model "$DEMO/demo-tiny" --demo-data "$DEMO/data" >"$WORK/up.log" 2>&1 &
+    up=$!
+    for _ in $(seq 240); do
+        [ -s "$data/admin-key" ] && grep -q "KEY=" "$WORK/up.log" && break
+        kill -0 $up 2>/dev/null || { echo "blade up exited"; tail -20 "$WORK/up.log"; return 1; }
+        sleep 0.5
+    done
+    export BLADE_API_URL=http://127.0.0.1:$port BLADE_API_KEY
+    BLADE_API_KEY=$(cat "$data/admin-key")
+    t0=$SECONDS
+    "$PY" -m blade_service.cli submit --base-model demo-tiny --forget "$DEMO/data/forget01_perturbed.json" \
+        --retain "$DEMO/data/retain99.json" --wait --timeout 150 --json >"$WORK/request.json" \
+        2>"$WORK/submit.log"
+    rc=$?
+    echo "request ended (rc $rc) $((SECONDS - t0)) s after submission"
+    "$PY" -m blade_service.cli status "$("$PY" -c "import json,sys; print(json.load(sys.stdin)['id'])" \
+        <"$WORK/request.json")" --events --json >"$WORK/events.json" 2>&1
+    kill -INT $up
+    for _ in $(seq 40); do kill -0 $up 2>/dev/null || break; sleep 0.5; done
+    pkill -9 -f "blade_service.cli" 2>/dev/null
+    cp "$data/logs/worker.log" "$data/logs/api.log" "$WORK/" 2>/dev/null
+    find "$data" -name run.json -exec cp {} "$WORK/run.json" \;  # device, peak memory, time
+    "$PY" - "$WORK/request.json" <<'PYEOF'
+import json, sys
+req = json.load(open(sys.argv[1]))
+keys = ("id", "status", "method", "error", "progress", "result")
+print(json.dumps({k: req[k] for k in keys if k in req}, indent=1)[:4000])
+print(json.dumps(req.get("metrics"), indent=1)[:4000])
+PYEOF
+    return $rc
+}
+step1 2>&1 | tee "$WORK/step1.txt"
+save
+
+echo "== 2. engine benchmark on CUDA (left: $(left) s) =="
+timeout 100 "$PY" benchmarks/engine.py --device "$DEVICE" --steps "$ENGINE_STEPS" --entropy-dtype bf16 \
+    --json "$WORK/engine-default.json" 2>&1 | tee "$WORK/engine.txt"
+# shellcheck disable=SC2086
+timeout 130 "$PY" benchmarks/engine.py --device "$DEVICE" --steps "$ENGINE_STEPS" --skip-entropy $LARGE \
+    --json "$WORK/engine-1b.json" 2>&1 | tee -a "$WORK/engine.txt"
+save
+
+echo "== 3. the quick bench on CUDA (left: $(left) s) =="
+if [ "$(left)" -gt 60 ]; then
+    timeout $(($(left) - 15)) "$PY" -m blade_service.cli bench --synthetic --quick --jobs 4 --no-progress \
+        --methods blade,grad_diff,npo,rmu --splits forget01 \
+        --cache /tmp/bench-cache --out "$WORK/bench" 2>&1 | tail -c 100000 >"$WORK/bench.txt"
+    echo "bench exit status ${PIPESTATUS[0]}"
+    tail -30 "$WORK/bench.txt"
+    save
+fi
+echo "total $((SECONDS - start)) s"
