@@ -82,6 +82,8 @@ class Meter:
 def _model_and_data(args: argparse.Namespace, device: torch.device):
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from blade_core.modeling import enable_activation_checkpointing
+
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=args.vocab,
@@ -96,8 +98,7 @@ def _model_and_data(args: argparse.Namespace, device: torch.device):
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = LlamaForCausalLM(config).to(device=device, dtype=dtype)
     if device.type == "cuda":
-        model.config.use_cache = False
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     n_rows = args.batch * 8
     ids = torch.randint(3, args.vocab, (n_rows, args.seq))
     rows = [ids[i].tolist() for i in range(n_rows)]
@@ -478,11 +479,18 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict[str, dict[str, Any]] = {}
     threads = args.threads if device.type == "cpu" else torch.get_num_threads()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    peak = peak_flops(device)
     print(
-        f"device {device} ({name}; dense bf16 peak {(peak_flops(device) or 0) / 1e12:.0f} TFLOP/s), "
-        f"torch {torch.__version__}, {threads} threads, load average {os.getloadavg()[0]:.1f}"
+        f"device {device} ({name}"
+        + (f"; dense bf16 peak {peak / 1e12:.0f} TFLOP/s" if peak else "")
+        + f"), torch {torch.__version__}, {threads} threads, load average {os.getloadavg()[0]:.1f}"
     )
-    figures["device"] = {"name": name, "torch": torch.__version__, "peak_bf16_flops": peak_flops(device)}
+    figures["device"] = {"name": name, "torch": torch.__version__, "peak_bf16_flops": peak}
+
+    def save() -> None:  # after each block, so a run stopped at a time limit keeps what it measured
+        if args.json:
+            args.json.write_text(json.dumps(figures, indent=1))
+
     if not args.skip_steps:
         print(
             f"model: Llama hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}; "
@@ -512,6 +520,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{p['blade_s']:.1f} s vs GradDiff 10 epochs at batch 32 ({p['grad_diff_steps']} steps) "
             f"{p['grad_diff_s']:.1f} s: x{p['ratio']:.2f}"
         )
+        save()
         print(
             f"BLADE's outer losses, forget {args.batch} x {args.seq} and retain {args.batch} x "
             f"{args.retain_seq or args.seq} tokens, forward + backward:"
@@ -533,6 +542,7 @@ def main(argv: list[str] | None = None) -> int:
             f"x{one['peak_extra_mb'] / max(two['peak_extra_mb'], 1e-9):.2f}; "
             f"per-parameter gradient norms agree to {gap:.1e} (relative)"
         )
+        save()
     if not args.skip_entropy:
         print(
             f"clamped entropy, batch 1 x seq {args.entropy_seq} x vocab {args.entropy_vocab} "
@@ -554,6 +564,7 @@ def main(argv: list[str] | None = None) -> int:
             f"beyond the gradient x{n['beyond_grad_mb'] / max(c['beyond_grad_mb'], 1e-9):.1f}; "
             f"time x{n['seconds'] / c['seconds']:.2f}"
         )
+        save()
     if not args.skip_entropy:
         print(
             f"LM head fused with the clamped entropy: hidden (1, {args.entropy_seq}, {args.head_hidden}), "
@@ -571,8 +582,7 @@ def main(argv: list[str] | None = None) -> int:
             f"x{lg['peak_extra_mb'] / max(fu['peak_extra_mb'], 1e-9):.1f}, "
             f"time x{lg['seconds'] / fu['seconds']:.2f}"
         )
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=1))
+    save()
     return 0
 
 

@@ -62,6 +62,19 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each decoder layer's activations during the backward pass (non-reentrant, so frozen
+    embeddings need no input gradients) and turn the KV cache off. transformers 5 renamed
+    `gradient_checkpointing_enable` to `activation_checkpointing_enable`; the old name warns and goes in v6,
+    and versions before the rename have only the old one. A PeftModel forwards either to its base model."""
+    model.config.use_cache = False
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer trained on `texts`, with <s>, </s>, <pad>, <unk>."""
     tok = Tokenizer(models.BPE(unk_token=SPECIAL_TOKENS["unk_token"]))

@@ -32,7 +32,7 @@ from blade_core import lr_scale as lr_rule
 from blade_core.data import load_tokenized
 from blade_core.methods import get_method
 from blade_core.methods.base import Hooks, MethodConfig, RunStatus, UnlearnTask
-from blade_core.modeling import load_model_and_tokenizer, pick_device
+from blade_core.modeling import enable_activation_checkpointing, load_model_and_tokenizer, pick_device
 from blade_service.contracts.methods import PRESETS
 from blade_service.contracts.params import make_config
 
@@ -178,9 +178,7 @@ def run_unlearning(
     probe = forget_check.probe_rows(forget)
     prob_before = forget_check.forget_prob(net, tokenizer, probe)
     if dev.type == "cuda" and getattr(config, "gradient_checkpointing", True):
-        hf_net = cast("PreTrainedModel", net)  # a transformers model (or a PeftModel forwarding to one)
-        hf_net.config.use_cache = False
-        hf_net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(net)
     net.train()
 
     hooks = hooks or Hooks()

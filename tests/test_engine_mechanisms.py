@@ -441,3 +441,31 @@ def test_build_config_layers_preset_overrides_and_coerces_strings():
 def test_build_config_errors_name_the_field_and_value(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         build_config("blade", **kwargs)
+
+
+# ------------------------------------------------------------------------------------------ checkpointing
+
+
+def test_activation_checkpointing_keeps_the_gradient_and_warns_nothing():
+    """What the worker turns on under CUDA, here on the CPU: a LoRA model with checkpointed layers gets the
+    same adapter gradient as without, through transformers' current API (no deprecation warning)."""
+    import warnings
+
+    from blade_core.modeling import enable_activation_checkpointing
+
+    def adapter_grads(checkpointed: bool) -> list[torch.Tensor]:
+        task = tiny_task(BladeConfig(**FAST))
+        if checkpointed:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # a FutureWarning (the pre-v6 name) fails the test
+                enable_activation_checkpointing(task.model)
+            assert task.model.config.use_cache is False
+            assert task.model.base_model.model.model.gradient_checkpointing
+        batch = BatchStream(task.retain, 4, seed=0).next()
+        task.model(**batch).loss.backward()
+        return [p.grad.clone() for p in task.model.parameters() if p.requires_grad]
+
+    plain, checkpointed = adapter_grads(False), adapter_grads(True)
+    assert len(plain) == len(checkpointed) > 0
+    for a, b in zip(plain, checkpointed, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
