@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import PreTrainedModel
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -110,7 +111,7 @@ def _model_and_data(args: argparse.Namespace, device: torch.device):
 PEAK_BF16_FLOPS = {"H100 PCIe": 756e12, "H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
 
 
-def forward_flops_per_token(model: torch.nn.Module, seq: int) -> float:
+def forward_flops_per_token(model: PreTrainedModel, seq: int) -> float:
     """Model FLOPs of one token's forward pass, PaLM's accounting (Chowdhery et al. 2022, app. B):
     2 * N_matmul + 4 * L * T * d, where N_matmul counts every linear weight (the LM head included, the
     embedding lookup not) and the second term is attention's QK^T and AV at context T. A backward pass costs
@@ -118,8 +119,7 @@ def forward_flops_per_token(model: torch.nn.Module, seq: int) -> float:
     adapters' own FLOPs are negligible). Recomputation under gradient checkpointing is not counted (MFU, not
     hardware FLOPs utilisation)."""
     n_matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    config = model.config
-    return 2 * n_matmul + 4 * config.num_hidden_layers * seq * config.hidden_size
+    return 2 * n_matmul + 4 * model.config.num_hidden_layers * seq * model.config.hidden_size
 
 
 def peak_flops(device: torch.device) -> float | None:

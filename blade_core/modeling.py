@@ -17,6 +17,7 @@ from transformers import (
     AutoTokenizer,
     LlamaConfig,
     LlamaForCausalLM,
+    PreTrainedModel,
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
 )
@@ -62,7 +63,7 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+def enable_activation_checkpointing(model: PreTrainedModel) -> None:
     """Recompute each decoder layer's activations during the backward pass (non-reentrant, so frozen
     embeddings need no input gradients) and turn the KV cache off. transformers 5 renamed
     `gradient_checkpointing_enable` to `activation_checkpointing_enable`; the old name warns and goes in v6,

@@ -178,7 +178,7 @@ def run_unlearning(
     probe = forget_check.probe_rows(forget)
     prob_before = forget_check.forget_prob(net, tokenizer, probe)
     if dev.type == "cuda" and getattr(config, "gradient_checkpointing", True):
-        enable_activation_checkpointing(net)
+        enable_activation_checkpointing(cast("PreTrainedModel", net))  # a PeftModel forwards to its base
     net.train()
 
     hooks = hooks or Hooks()
