@@ -5,6 +5,7 @@ validation."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from blade_core.dynamics import ConvergenceMonitor, LrCalibrator
 from blade_core.methods import blade
 from blade_core.methods.base import Hooks
 from blade_core.methods.blade import PRESETS, BladeConfig, dual_update
+from blade_core.modeling import enable_activation_checkpointing
 from blade_core.testing import tiny_task
 from blade_core.unlearn import build_config
 
@@ -449,9 +451,6 @@ def test_build_config_errors_name_the_field_and_value(kwargs, pattern):
 def test_activation_checkpointing_keeps_the_gradient_and_warns_nothing():
     """What the worker turns on under CUDA, here on the CPU: a LoRA model with checkpointed layers gets the
     same adapter gradient as without, through transformers' current API (no deprecation warning)."""
-    import warnings
-
-    from blade_core.modeling import enable_activation_checkpointing
 
     def adapter_grads(checkpointed: bool) -> list[torch.Tensor]:
         task = tiny_task(BladeConfig(**FAST))
