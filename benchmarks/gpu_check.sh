@@ -13,8 +13,9 @@
 #
 # DEMO: a demo cache dir (`demo-tiny/` + `data/`, as blade_core.demo writes it) built beforehand, so the
 # device spends no time training the demo model:
-#   .venv/bin/python -c "from blade_core.demo import ensure_demo_model; ensure_demo_model('.devrun/demo')" WHEELS: a folder of wheels the device's Python lacks
-# (the service's dependencies), installed into /tmp/site first. BUDGET: seconds the whole run may take.
+#   .venv/bin/python -c "from blade_core.demo import ensure_demo_model; ensure_demo_model('.devrun/demo')"
+# WHEELS: a folder of wheels the device's Python lacks (the service's dependencies, for Python 3.12),
+# installed into /tmp/site first. BUDGET: seconds the whole run may take.
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for the results}
 PY=${PY:-python3}
