@@ -27,10 +27,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import PreTrainedModel
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -415,10 +417,13 @@ def _measure_pair(
     argv: list[str],
     figures: dict[str, dict[str, Any]],
     line: Callable[[dict[str, Any]], str],
+    save: Callable[[], None],
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Measure two workloads one after the other, print a `line` for each, keep both in `figures`."""
+    """Measure two workloads one after the other, print a `line` for each, keep both in `figures` and
+    `save` after each."""
     for name in names:
         figures[name] = _measure(name, argv)
+        save()
         print(f"  {name:<17} {line(figures[name])}")
     return figures[names[0]], figures[names[1]]
 
@@ -487,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     figures["device"] = {"name": name, "torch": torch.__version__, "peak_bf16_flops": peak}
 
-    def save() -> None:  # after each block, so a run stopped at a time limit keeps what it measured
+    def save() -> None:  # after each measurement, so a run stopped at a time limit keeps what it measured
         if args.json:
             args.json.write_text(json.dumps(figures, indent=1))
 
@@ -506,6 +511,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"trainable {r['trainable_params'] / 1e6:.2f} M   {r['model_tflops_per_s']:.3f} model TFLOP/s"
                 + (f" (MFU {100 * r['mfu']:.1f}%)" if "mfu" in r else "")
             ),
+            save,
         )
         print(
             f"  BLADE / GradDiff: time per step x{b['seconds'] / g['seconds']:.2f} "
@@ -513,14 +519,13 @@ def main(argv: list[str] | None = None) -> int:
             f"tokens/s x{b['tokens_per_s'] / g['tokens_per_s']:.2f}, "
             f"peak extra memory x{b['peak_extra_mb'] / g['peak_extra_mb']:.2f}"
         )
-        figures["protocol"] = protocol_costs(args, b, g)
-        p = figures["protocol"]
+        figures["protocol"] = p = protocol_costs(args, b, g)
+        save()
         print(
             f"  each protocol to its end on {args.forget_rows} forget rows: BLADE {args.blade_steps} steps "
             f"{p['blade_s']:.1f} s vs GradDiff 10 epochs at batch 32 ({p['grad_diff_steps']} steps) "
             f"{p['grad_diff_s']:.1f} s: x{p['ratio']:.2f}"
         )
-        save()
         print(
             f"BLADE's outer losses, forget {args.batch} x {args.seq} and retain {args.batch} x "
             f"{args.retain_seq or args.seq} tokens, forward + backward:"
@@ -533,6 +538,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['seconds'] / args.steps:7.3f} s/step (CPU time {r['cpu_seconds'] / args.steps:7.3f} s) "
                 f"  peak extra {r['peak_extra_mb']:8.1f} MiB   loss {r['loss']:.6f}"
             ),
+            save,
         )
         pairs = zip(two["grad_norms"], one["grad_norms"], strict=True)
         gap = max(abs(x - y) / max(abs(x), 1e-12) for x, y in pairs)
@@ -542,7 +548,6 @@ def main(argv: list[str] | None = None) -> int:
             f"x{one['peak_extra_mb'] / max(two['peak_extra_mb'], 1e-9):.2f}; "
             f"per-parameter gradient norms agree to {gap:.1e} (relative)"
         )
-        save()
     if not args.skip_entropy:
         print(
             f"clamped entropy, batch 1 x seq {args.entropy_seq} x vocab {args.entropy_vocab} "
@@ -551,6 +556,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("entropy_chunked", "entropy_naive"):
             figures[name] = r = _measure(name, passthrough)
             r["beyond_grad_mb"] = r["peak_extra_mb"] - r["logits_mb"]
+            save()
             print(
                 f"  {name:<16} peak extra {r['peak_extra_mb']:8.1f} MiB, of which beyond the "
                 f"(B,T,V) gradient every method returns: {r['beyond_grad_mb']:8.1f} MiB   "
@@ -564,7 +570,6 @@ def main(argv: list[str] | None = None) -> int:
             f"beyond the gradient x{n['beyond_grad_mb'] / max(c['beyond_grad_mb'], 1e-9):.1f}; "
             f"time x{n['seconds'] / c['seconds']:.2f}"
         )
-        save()
     if not args.skip_entropy:
         print(
             f"LM head fused with the clamped entropy: hidden (1, {args.entropy_seq}, {args.head_hidden}), "
@@ -572,6 +577,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for name in ("head_logits", "head_fused"):
             figures[name] = r = _measure(name, passthrough)
+            save()
             print(
                 f"  {name:<12} peak extra {r['peak_extra_mb']:8.1f} MiB   {r['seconds']:6.2f} s   "
                 f"(the logits alone would be {r['logits_mb']:.0f} MiB; loss {r['loss']:.4f})"

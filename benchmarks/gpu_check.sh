@@ -69,16 +69,15 @@ step1() {
     rc=$?
     echo "request ended (rc $rc) $((SECONDS - t0)) s after submission"
     "$PY" -m blade_service.cli status "$("$PY" -c "import json,sys; print(json.load(sys.stdin)['id'])" \
-        <"$WORK/request.json")" --events --json >"$WORK/events.json" 2>&1
+        <"$WORK/request.json")" --events --json >"$WORK/events.json" 2>>"$WORK/submit.log"
     kill -INT $up
     for _ in $(seq 40); do kill -0 $up 2>/dev/null || break; sleep 0.5; done
     pkill -9 -f "blade_service.cli" 2>/dev/null
     cp "$data/logs/worker.log" "$data/logs/api.log" "$WORK/" 2>/dev/null
-    find "$data" -name run.json -exec cp {} "$WORK/run.json" \;  # device, peak memory, time
     "$PY" - "$WORK/request.json" <<'PYEOF'
 import json, sys
 req = json.load(open(sys.argv[1]))
-keys = ("id", "status", "method", "error", "progress", "result")
+keys = ("id", "status", "method", "error", "run_status", "progress")
 print(json.dumps({k: req[k] for k in keys if k in req}, indent=1)[:4000])
 print(json.dumps(req.get("metrics"), indent=1)[:4000])
 PYEOF
@@ -87,7 +86,7 @@ PYEOF
 step1 2>&1 | tee "$WORK/step1.txt"
 save
 
-echo "== 2. engine benchmark on CUDA (left: $(left) s) =="
+echo "== 2. engine benchmark on $DEVICE (left: $(left) s) =="
 timeout 100 "$PY" benchmarks/engine.py --device "$DEVICE" --steps "$ENGINE_STEPS" --entropy-dtype bf16 \
     --json "$WORK/engine-default.json" 2>&1 | tee "$WORK/engine.txt"
 # shellcheck disable=SC2086
@@ -95,7 +94,7 @@ timeout 130 "$PY" benchmarks/engine.py --device "$DEVICE" --steps "$ENGINE_STEPS
     --json "$WORK/engine-1b.json" 2>&1 | tee -a "$WORK/engine.txt"
 save
 
-echo "== 3. the quick bench on CUDA (left: $(left) s) =="
+echo "== 3. the quick bench (left: $(left) s) =="
 if [ "$(left)" -gt 60 ]; then
     timeout $(($(left) - 15)) "$PY" -m blade_service.cli bench --synthetic --quick --jobs 4 --no-progress \
         --methods blade,grad_diff,npo,rmu --splits forget01 \
