@@ -34,6 +34,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         help="seeds per (method, split): 42,123,456,789,1024 in order (default 5; 1 with --quick)",
     )
+    p.add_argument(
+        "--seed-list",
+        help="instead of --seeds, exactly these seeds, e.g. 456,789,1024: the rest of a run made elsewhere "
+        "(join the two with `blade bench merge`)",
+    )
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument(
         "--max-steps",
@@ -123,6 +128,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--kind", choices=("books", "news"), help="--suite muse|knowundo: the text world's kind")
     p.set_defaults(func=run)
 
+    m = subparsers.add_parser(
+        "bench-merge",
+        help="join bench runs made in several invocations into one table",
+        description="Joins the results.json of `blade bench` invocations that each ran part of one "
+        "protocol (other methods, other seeds: --seed-list) into one results.json and results.md, with mean "
+        "± std over every seed. Refuses inputs of another world, target, settings or model build, a method "
+        "chosen at two multipliers, and a run present twice.",
+    )
+    m.add_argument(
+        "inputs", nargs="+", type=Path, help="results.json files, or the --out directories of bench runs"
+    )
+    m.add_argument("--out", type=Path, required=True, help="output directory")
+    m.set_defaults(func=merge)
+
 
 def _floats(text: str, flag: str) -> tuple[float, ...]:
     from blade_service.cli.main import CliError
@@ -134,6 +153,23 @@ def _floats(text: str, flag: str) -> tuple[float, ...]:
     if not values or any(not v > 0 for v in values):
         raise CliError(f"{flag} {text!r}: expected positive numbers")
     return values
+
+
+def _seed_list(text: str | None, count: int | None) -> list[int] | None:
+    """`--seed-list`: its seeds, distinct non-negative integers in the order given; None when not given."""
+    from blade_service.cli.main import CliError
+
+    if text is None:
+        return None
+    if count is not None:
+        raise CliError("--seeds and --seed-list: give one (a count, or the seeds themselves)")
+    try:
+        seeds = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise CliError(f"--seed-list {text!r}: expected comma-separated integers, e.g. 456,789") from None
+    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise CliError(f"--seed-list {text!r}: expected distinct non-negative integers")
+    return seeds
 
 
 def run(args: argparse.Namespace) -> int:
@@ -156,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise CliError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+    seeds = _seed_list(args.seed_list, args.seeds)
     if args.select_on == "sequence" and not args.sequential:
         raise CliError("--select-on sequence goes with --sequential N (it scores N stacked requests)")
     if args.lr_grid_extend is not None and args.lr_grid_extend < 0:
@@ -251,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
         out_dir=args.out,
         methods=methods,
         splits=splits,
-        seeds=bench.seed_list(settings.seeds),
+        seeds=seeds or bench.seed_list(settings.seeds),
         settings=settings,
         command="blade " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         progress=progress,
@@ -277,6 +314,8 @@ def _run_text(args: argparse.Namespace) -> int:
 
     if args.data is not None:
         raise CliError(f"--suite {args.suite} synthesises its own text world; --data is for --suite tofu")
+    if args.seed_list is not None:
+        raise CliError(f"--seed-list goes with --suite tofu; --suite {args.suite} takes --seeds N")
     for name in ("seeds", "max_steps", "eval_max_rows"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -304,4 +343,17 @@ def _run_text(args: argparse.Namespace) -> int:
     print(
         f"{len(results['rows'])} runs in {results['time_s']} s; {args.out / 'results.json'}", file=sys.stderr
     )
+    return 0
+
+
+def merge(args: argparse.Namespace) -> int:
+    from blade_core.bench.merge import load_results, merge_results, write_merged
+
+    paths = [p / "results.json" if p.is_dir() else p for p in args.inputs]
+    merged = merge_results([load_results(p) for p in paths], [str(p) for p in paths])
+    for path in write_merged(args.out, merged):
+        print(path)
+    seeds = ", ".join(map(str, merged["settings"]["seeds"]))
+    methods = len(merged["settings"]["methods"])
+    print(f"{len(merged['rows'])} runs of {methods} methods, seeds {seeds}", file=sys.stderr)
     return 0
