@@ -94,6 +94,36 @@ def test_methods_run_apart_keep_each_multiplier_and_validation_score():
     assert {e["method"] for e in merged["summary_step"]} == {"blade", "grad_diff"}
 
 
+def _split_results(split: str, gold: str) -> dict[str, Any]:
+    """A grid results.json (one split, two seeds) as an invocation with `--splits SPLIT` writes it."""
+    result = _results("grad_diff", 0.25, [42, 123], {42: 0.5, 123: 0.6})
+    result["rows"] = [{k: v for k, v in r.items() if k not in ("step", "HM_all")} | {"split": split}
+                      for r in result["rows"] if r["step"] == 1]  # fmt: skip
+    result["settings"] |= {"sequential": None, "splits": [split]}
+    result["golds"] = {split: gold}
+    result["reference"] = [{"model": "target", "split": split, "HM": 0.26}]
+    return result
+
+
+def test_splits_run_apart_join_with_their_golds():
+    merged = merge_results(
+        [_split_results("forget10", "golds/f10"), _split_results("forget05", "golds/f05")], ["a", "b"]
+    )
+    assert merged["settings"]["splits"] == ["forget05", "forget10"]
+    assert merged["golds"] == {"forget05": "golds/f05", "forget10": "golds/f10"}
+    assert {(r["model"], r["split"]) for r in merged["reference"]} == {
+        ("target", "forget05"),
+        ("target", "forget10"),
+    }
+    assert {(e["split"], e["n"]) for e in merged["summary"]} == {("forget05", 2), ("forget10", 2)}
+    assert "summary_step" not in merged
+
+    with pytest.raises(MergeError, match="the gold model of forget05"):
+        merge_results(
+            [_split_results("forget05", "golds/f05"), _split_results("forget05", "elsewhere/f05")], ["a", "b"]
+        )
+
+
 def test_parts_that_cannot_share_a_table_are_refused():
     base = _results("blade", 1.0, [42], {42: 0.5})
 

@@ -139,12 +139,14 @@ def merge_results(results: Sequence[dict[str, Any]], names: Sequence[str]) -> di
     if len(results) < 2:
         raise MergeError("bench-merge joins two or more results.json")
     first, a = results[0], names[0]
-    kept = {k: v for k, v in first["settings"].items() if k not in _PER_INVOCATION}
+    golds = dict(first["golds"])
     for other, b in zip(results[1:], names[1:], strict=True):
-        for key in ("test_world_seeds", "data_dir", "target", "golds"):
+        for key in ("test_world_seeds", "data_dir", "target"):
             _check_same(key, first.get(key), other.get(key), a, b)
-        for key, value in kept.items():
-            _check_same(f"settings.{key}", value, other["settings"].get(key), a, b)
+        for key in sorted((first["settings"].keys() | other["settings"].keys()) - set(_PER_INVOCATION)):
+            _check_same(f"settings.{key}", first["settings"].get(key), other["settings"].get(key), a, b)
+        for split, gold in other["golds"].items():  # each invocation built the golds of its own splits
+            _check_same(f"the gold model of {split}", golds.setdefault(split, gold), gold, a, b)
     _check_build(results, names)
     selection = _merge_selection(results, names)
 
@@ -181,7 +183,7 @@ def merge_results(results: Sequence[dict[str, Any]], names: Sequence[str]) -> di
         },
         "data_dir": first["data_dir"],
         "target": first["target"],
-        "golds": first["golds"],
+        "golds": golds,
         "machine": first.get("machine", {}),
         "wall_s": round(sum(_wall_s(r) for r in results), 1),
         "sources": [source for r, name in zip(results, names, strict=True) for source in _sources(r, name)],
