@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--seed-list",
         help="instead of --seeds, exactly these seeds, e.g. 456,789,1024: the rest of a run made elsewhere "
-        "(join the two with `blade bench merge`)",
+        "(join the two with `blade bench-merge`)",
     )
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument(
