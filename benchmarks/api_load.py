@@ -351,6 +351,37 @@ def durable_commit_ms(db_url: str, count: int = 200) -> float:
     return statistics.median(times)
 
 
+def round_trips_ms(db_url: str, count: int = 2000) -> tuple[float, float]:
+    """p50 ms of a submission's transaction shape over trivial SQL, two ways: four round trips (psycopg sends
+    BEGIN on its own, then two statements, the second needing the first's row, then COMMIT), and the same in
+    psycopg's pipeline mode as two syncs (BEGIN rides with the first statement, the second with the COMMIT).
+    The most that pipelining the POST could save on this database (docs/performance.md)."""
+    import psycopg
+
+    def sequential(conn: psycopg.Connection[Any]) -> None:
+        conn.execute("SELECT %s::int", (1,)).fetchone()
+        conn.execute("SELECT %s::int", (2,)).fetchone()
+        conn.commit()
+
+    def pipelined(conn: psycopg.Connection[Any]) -> None:
+        with conn.pipeline() as pipeline:
+            conn.execute("BEGIN")
+            first = conn.execute("SELECT %s::int", (1,))
+            pipeline.sync()
+            first.fetchone()
+            conn.execute("SELECT %s::int", (2,))
+            conn.execute("COMMIT")
+
+    url = db_url.replace("postgresql+psycopg://", "postgresql://", 1)
+    timings: dict[bool, list[float]] = {False: [], True: []}
+    with psycopg.connect(url) as plain, psycopg.connect(url, autocommit=True) as piped:
+        for i in range(count):  # alternated, so the box's load weighs on both alike
+            started = time.perf_counter()
+            pipelined(piped) if i % 2 else sequential(plain)
+            timings[bool(i % 2)].append((time.perf_counter() - started) * 1000)
+    return statistics.median(timings[False]), statistics.median(timings[True])
+
+
 def drop_database(admin_url: str, name: str) -> None:
     import psycopg
 
@@ -564,6 +595,7 @@ def main(argv: list[str] | None = None) -> int:
                     server_pid=pid,
                 )
         commit_ms = durable_commit_ms(db_url)
+        four_trips_ms, pipelined_ms = round_trips_ms(db_url)
     finally:
         for proc in reversed(procs):
             stop(proc)
@@ -617,7 +649,9 @@ def main(argv: list[str] | None = None) -> int:
         f"  ours GET / hello-world, load req/s  : {ratios['get_vs_hello_load_rps']}\n"
         f"\na durable commit (one-row INSERT, autocommit) on this database: p50 {commit_ms:.2f} ms, so a\n"
         f"POST (which must commit once) takes at least a GET plus a commit: POST / GET >= "
-        f"{ratios['post_vs_get_alone_p50_floor']} here"
+        f"{ratios['post_vs_get_alone_p50_floor']} here\n"
+        f"a submission's BEGIN, two statements and COMMIT (trivial SQL), p50 {four_trips_ms:.3f} ms as four\n"
+        f"round trips, {pipelined_ms:.3f} ms pipelined into two syncs (the most pipelining could save here)"
     )
     write_json_report(
         args,
@@ -626,6 +660,10 @@ def main(argv: list[str] | None = None) -> int:
         results={n: {m: asdict(r) for m, r in modes.items()} for n, modes in results.items()},
         ratios=ratios,
         durable_commit_p50_ms=round(commit_ms, 3),
+        submission_round_trips_p50_ms={
+            "four_round_trips": round(four_trips_ms, 4),
+            "pipelined": round(pipelined_ms, 4),
+        },
     )
     bad = [r for modes in results.values() for r in modes.values() if r.errors]
     if bad:
