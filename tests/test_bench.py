@@ -502,3 +502,71 @@ def test_a_synthesised_validation_world_keeps_its_selection_runs_in_the_cache(
     assert all(p.validation is not None and p.validation.data_dir == v_data for p in plans)
     direct = bench.BenchPlan(**(vars(plans[0]) | {"validation": bench.ValidationWorld(v_data, v_target)}))
     assert validation_plan(direct).out_dir == tmp_path / "a" / "selection"
+
+
+@pytest.mark.parametrize("kind", ["run", "sequence"])
+def test_two_benches_on_one_out_make_a_run_once(kind, tmp_path, monkeypatch):
+    """A protocol run in parts on one box may start the same run (or sequence of stacked requests) in two
+    invocations sharing --out. The second waits for the first's lock and reads its cached result, instead of
+    clearing the work dir the first is training in and training again."""
+    import threading
+    from dataclasses import replace
+
+    from blade_core.bench import cache, stream
+    from blade_core.bench.settings import PRESETS, BenchPlan
+
+    plan = BenchPlan(
+        data_dir=tmp_path,
+        target=tmp_path,
+        golds={},
+        out_dir=tmp_path / "out",
+        methods=["npo"],
+        splits=["forget05"],
+        seeds=[42],
+        settings=replace(PRESETS["default"], lr_scale=1.0),
+    )
+    groups = [[{"question": "q", "answer": "a"}]]
+    made: list[str] = []
+    answers: dict[str, object] = {}
+
+    def bench(name: str) -> None:
+        if kind == "run":
+            answers[name] = cache.fresh_run(plan, "npo", "forget05", 42, None, lambda _msg: None)
+        else:
+            answers[name] = stream.run_sequence(plan, "npo", 42, groups, lambda _msg: None)
+
+    second = threading.Thread(target=bench, args=("second",))
+
+    def trained_once() -> None:
+        made.append(threading.current_thread().name)
+        if len(made) == 1:  # the second bench reaches the same work while the first trains it
+            second.start()
+            second.join(timeout=1.0)  # unlocked, it would train it meanwhile
+
+    def run_one(*_args, **_kwargs):
+        trained_once()
+        return {"row": {"method": "npo", "HM": 0.5}, "history": [{"step": 1}]}
+
+    def stacked_afresh(plan, method, seed, groups, _log):
+        trained_once()
+        rows = [{"method": method, "step": 1, "HM_all": 0.5}]
+        cache._write_json(
+            stream._sequence_root(plan, method, seed) / "rows.json",
+            {
+                "fingerprint": stream._sequence_fingerprint(plan, method, groups),
+                "builds": cache._builds(plan, plan.settings.sequential_split),
+                "rows": rows,
+            },
+        )
+        return rows
+
+    monkeypatch.setattr(cache, "run_one", run_one)
+    monkeypatch.setattr(stream, "_stacked_afresh", stacked_afresh)
+    bench("first")
+    second.join()
+    assert made == [threading.main_thread().name]
+    expected = {
+        "run": ({"method": "npo", "HM": 0.5}, [{"step": 1}]),
+        "sequence": [{"method": "npo", "step": 1, "HM_all": 0.5}],
+    }[kind]
+    assert answers["first"] == answers["second"] == expected

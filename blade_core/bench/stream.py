@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from blade_core.bench.cache import _builds, _fingerprint, _preset_of, _read_json, _write_json
+from blade_core.bench.cache import _builds, _fingerprint, _preset_of, _read_json, _write_json, run_lock
 from blade_core.bench.models import retain_split, split_paths
 from blade_core.bench.one_run import DRAWN, evaluate, load_trained, make_row, split_preset, train
 from blade_core.bench.parallel import made
@@ -173,13 +173,20 @@ def cached_sequence(
 def run_sequence(
     plan: BenchPlan, method: str, seed: int, groups: list[list], log: Log
 ) -> list[dict[str, Any]]:
-    """N stacked requests of one method and seed; one row per step (cached as a whole sequence)."""
+    """N stacked requests of one method and seed; one row per step (cached as a whole sequence; another
+    bench on the same --out making it meanwhile is waited for: `run_lock`)."""
+    with run_lock(_sequence_root(plan, method, seed)):
+        cached = cached_sequence(plan, method, seed, groups)
+        return cached if cached is not None else _stacked_afresh(plan, method, seed, groups, log)
+
+
+def _stacked_afresh(
+    plan: BenchPlan, method: str, seed: int, groups: list[list], log: Log
+) -> list[dict[str, Any]]:
+    """`run_sequence`'s requests, made one after another and cached."""
     split = plan.settings.sequential_split
     root = _sequence_root(plan, method, seed)
     fingerprint = _sequence_fingerprint(plan, method, groups)
-    cached = cached_sequence(plan, method, seed, groups)
-    if cached is not None:
-        return cached
     _, retain = split_paths(plan.data_dir, split)
     dirs = group_dirs(plan, groups)
     rows: list[dict[str, Any]] = []
@@ -261,9 +268,17 @@ def _made_afresh(spec: SequenceSpec, log: Log) -> list[dict[str, Any]]:
 
 
 def run_scale(plan: BenchPlan, method: str, seed: int, scale: int, rows: list, log: Log) -> dict[str, Any]:
-    """One request on the target with the scale's forget set (cached)."""
-    split = plan.settings.sequential_split
+    """One request on the target with the scale's forget set (cached; `run_lock`)."""
     root = plan.out_dir / "scale" / method / f"seed{seed}" / f"x{scale}"
+    with run_lock(root):
+        return _scaled(plan, method, seed, scale, rows, root, log)
+
+
+def _scaled(
+    plan: BenchPlan, method: str, seed: int, scale: int, rows: list, root: Path, log: Log
+) -> dict[str, Any]:
+    """`run_scale` under its lock: the cached row, or the request made and cached."""
+    split = plan.settings.sequential_split
     keys: dict[str, Any] = {"scale": scale, "scales": sorted(plan.scales), **_preset_of(method, DRAWN)}
     fingerprint = _fingerprint(plan, method, **keys)
     cached = _read_json(root / "row.json")
