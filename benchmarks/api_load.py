@@ -376,9 +376,13 @@ def round_trips_ms(db_url: str, count: int = 2000) -> tuple[float, float]:
     timings: dict[bool, list[float]] = {False: [], True: []}
     with psycopg.connect(url) as plain, psycopg.connect(url, autocommit=True) as piped:
         for i in range(count):  # alternated, so the box's load weighs on both alike
+            piping = i % 2 == 1
             started = time.perf_counter()
-            pipelined(piped) if i % 2 else sequential(plain)
-            timings[bool(i % 2)].append((time.perf_counter() - started) * 1000)
+            if piping:
+                pipelined(piped)
+            else:
+                sequential(plain)
+            timings[piping].append((time.perf_counter() - started) * 1000)
     return statistics.median(timings[False]), statistics.median(timings[True])
 
 

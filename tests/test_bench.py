@@ -435,10 +435,7 @@ def test_blade_runs_the_reference_batch_and_forget10_under_its_own_cap_of_500(tm
     """The authors run BLADE at 4 x 4 rows per outer step, with T = 500 on forget10 and 250 elsewhere: the
     bench passes BLADE's TOFU presets to the runner (and keys the run cache by them), on every split and on
     the drawn author sets; the baselines keep their defaults."""
-    from dataclasses import replace
-
     from blade_core.bench import cache, one_run
-    from blade_core.bench.settings import PRESETS, BenchPlan
     from blade_core.unlearn import build_config
 
     assert build_config("blade", one_run.split_preset("blade", "forget10")).max_steps == 500
@@ -449,16 +446,7 @@ def test_blade_runs_the_reference_batch_and_forget10_under_its_own_cap_of_500(tm
         assert one_run.split_preset("npo", split) is None
     (tmp_path / "forget10_perturbed.json").write_text("[]")
     (tmp_path / "retain90.json").write_text("[]")
-    plan = BenchPlan(
-        data_dir=tmp_path,
-        target=tmp_path,
-        golds={},
-        out_dir=tmp_path / "out",
-        methods=["blade", "npo"],
-        splits=["forget10"],
-        seeds=[42],
-        settings=replace(PRESETS["default"], lr_scale=1.0),  # no target build to read a factor from
-    )
+    plan = _plan_without_models(tmp_path, methods=["blade", "npo"], split="forget10")
     presets: dict[str, str | None] = {}
 
     def runner(**kwargs):
@@ -510,21 +498,10 @@ def test_two_benches_on_one_out_make_a_run_once(kind, tmp_path, monkeypatch):
     invocations sharing --out. The second waits for the first's lock and reads its cached result, instead of
     clearing the work dir the first is training in and training again."""
     import threading
-    from dataclasses import replace
 
     from blade_core.bench import cache, stream
-    from blade_core.bench.settings import PRESETS, BenchPlan
 
-    plan = BenchPlan(
-        data_dir=tmp_path,
-        target=tmp_path,
-        golds={},
-        out_dir=tmp_path / "out",
-        methods=["npo"],
-        splits=["forget05"],
-        seeds=[42],
-        settings=replace(PRESETS["default"], lr_scale=1.0),
-    )
+    plan = _plan_without_models(tmp_path, methods=["npo"], split="forget05")
     groups = [[{"question": "q", "answer": "a"}]]
     made: list[str] = []
     answers: dict[str, object] = {}
@@ -570,3 +547,22 @@ def test_two_benches_on_one_out_make_a_run_once(kind, tmp_path, monkeypatch):
         "sequence": [{"method": "npo", "step": 1, "HM_all": 0.5}],
     }[kind]
     assert answers["first"] == answers["second"] == expected
+
+
+def _plan_without_models(tmp_path: Path, *, methods: list[str], split: str) -> bench.BenchPlan:
+    """A default-preset plan over `tmp_path` for tests that stop before any model is loaded (seed 42; the LR
+    rule's factor fixed at 1, since there is no target build to read it from)."""
+    from dataclasses import replace
+
+    from blade_core.bench.settings import PRESETS
+
+    return bench.BenchPlan(
+        data_dir=tmp_path,
+        target=tmp_path,
+        golds={},
+        out_dir=tmp_path / "out",
+        methods=methods,
+        splits=[split],
+        seeds=[42],
+        settings=replace(PRESETS["default"], lr_scale=1.0),
+    )

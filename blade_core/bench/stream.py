@@ -271,42 +271,36 @@ def run_scale(plan: BenchPlan, method: str, seed: int, scale: int, rows: list, l
     """One request on the target with the scale's forget set (cached; `run_lock`)."""
     root = plan.out_dir / "scale" / method / f"seed{seed}" / f"x{scale}"
     with run_lock(root):
-        return _scaled(plan, method, seed, scale, rows, root, log)
-
-
-def _scaled(
-    plan: BenchPlan, method: str, seed: int, scale: int, rows: list, root: Path, log: Log
-) -> dict[str, Any]:
-    """`run_scale` under its lock: the cached row, or the request made and cached."""
-    split = plan.settings.sequential_split
-    keys: dict[str, Any] = {"scale": scale, "scales": sorted(plan.scales), **_preset_of(method, DRAWN)}
-    fingerprint = _fingerprint(plan, method, **keys)
-    cached = _read_json(root / "row.json")
-    if cached and cached.get("fingerprint") == fingerprint and cached.get("builds") == _builds(plan, split):
-        return cached["row"]
-    data = forget_dir(plan, f"scale{max(plan.scales)}-x{scale}", rows)
-    _, retain = split_paths(plan.data_dir, split)
-    trained = train(
-        plan,
-        method,
-        seed,
-        forget=data / f"{split}_perturbed.json",
-        retain=retain,
-        work=root / "model",
-        preset=split_preset(method, DRAWN),
-    )
-    model, tokenizer = load_trained(plan, trained)
-    metrics = evaluate(plan, model, tokenizer, split, None, data_dir=data)
-    del model
-    shutil.rmtree(root / "model", ignore_errors=True)
-    row = make_row(method, split, seed, trained, metrics) | {"scale": scale, "HM_all": metrics["HM"]}
-    _write_json(root / "history.json", trained.out.history)
-    _write_json(root / "row.json", {"fingerprint": fingerprint, "builds": _builds(plan, split), "row": row})
-    log(
-        f"{method:>11} scale x{scale} seed {seed}: MU {_fmt(row['MU'])} Prob {_fmt(row['Prob'])} "
-        f"HM {_fmt(row['HM'])}"
-    )
-    return row
+        split = plan.settings.sequential_split
+        keys: dict[str, Any] = {"scale": scale, "scales": sorted(plan.scales), **_preset_of(method, DRAWN)}
+        fingerprint = _fingerprint(plan, method, **keys)
+        cached = _read_json(root / "row.json")
+        builds = _builds(plan, split)
+        if cached and cached.get("fingerprint") == fingerprint and cached.get("builds") == builds:
+            return cached["row"]
+        data = forget_dir(plan, f"scale{max(plan.scales)}-x{scale}", rows)
+        _, retain = split_paths(plan.data_dir, split)
+        trained = train(
+            plan,
+            method,
+            seed,
+            forget=data / f"{split}_perturbed.json",
+            retain=retain,
+            work=root / "model",
+            preset=split_preset(method, DRAWN),
+        )
+        model, tokenizer = load_trained(plan, trained)
+        metrics = evaluate(plan, model, tokenizer, split, None, data_dir=data)
+        del model
+        shutil.rmtree(root / "model", ignore_errors=True)
+        row = make_row(method, split, seed, trained, metrics) | {"scale": scale, "HM_all": metrics["HM"]}
+        _write_json(root / "history.json", trained.out.history)
+        _write_json(root / "row.json", {"fingerprint": fingerprint, "builds": builds, "row": row})
+        log(
+            f"{method:>11} scale x{scale} seed {seed}: MU {_fmt(row['MU'])} Prob {_fmt(row['Prob'])} "
+            f"HM {_fmt(row['HM'])}"
+        )
+        return row
 
 
 def run_streams(plan: BenchPlan, log: Log) -> list[dict[str, Any]]:
