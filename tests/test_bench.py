@@ -258,6 +258,22 @@ def test_a_run_knows_its_torch_thread_count(small_world, monkeypatch, tmp_path):
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize(("asked", "jobs", "expected"), [("1", 2, 1), ("3", 1, 3), ("1,1", 2, 1), ("x", 1, 5)])
+def test_omp_num_threads_set_after_torch_started_is_what_the_runs_get(asked, jobs, expected, monkeypatch):
+    """torch reads OMP_NUM_THREADS once, at import: a process that sets it later (as a test does) keeps its own
+    count, and its `--jobs` children must still get the count asked for, or they do other arithmetic than a
+    run made in this process on that count (a value that is not a count is ignored)."""
+    from blade_core.bench.settings import worker_threads
+
+    monkeypatch.setenv("OMP_NUM_THREADS", asked)
+    before = torch.get_num_threads()
+    torch.set_num_threads(5)
+    try:
+        assert worker_threads(jobs) == expected
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_selection_picks_the_best_validation_hm_and_breaks_ties_towards_the_rule():
     assert choose({0.25: 0.1, 1.0: 0.3, 4.0: 0.5}) == 4.0
     assert choose({0.25: 0.5, 1.0: 0.5, 4.0: 0.2}) == 1.0

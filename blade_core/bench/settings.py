@@ -131,11 +131,23 @@ class BenchPlan:
 
 
 def worker_threads(jobs: int) -> int:
-    """Torch threads per run with `jobs` runs side by side: OMP_NUM_THREADS when set (every process reads it),
-    else the cores shared out (`--jobs 2` on 2 cores: 1 each); with one job, this process's own count."""
-    if jobs <= 1 or "OMP_NUM_THREADS" in os.environ:
+    """Torch threads per run with `jobs` runs side by side: OMP_NUM_THREADS when set, else the cores shared
+    out (`--jobs 2` on 2 cores: 1 each); with one job, this process's own count.
+
+    The variable is read, not this process's count: torch reads it once, at import, so a process that set it
+    later (a test) still runs its own runs on the import-time count, and its children would inherit that
+    count instead of the one asked for, and so do other arithmetic."""
+    if (asked := _omp_threads()) is not None:
+        return asked
+    if jobs <= 1:
         return torch.get_num_threads()
     return max(1, (os.cpu_count() or 1) // jobs)
+
+
+def _omp_threads() -> int | None:
+    """OMP_NUM_THREADS's thread count (its first, outermost level), or None when unset or not a count."""
+    first = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(first) if first.isdigit() and int(first) > 0 else None
 
 
 @dataclass(frozen=True)
