@@ -258,11 +258,13 @@ def test_a_run_knows_its_torch_thread_count(small_world, monkeypatch, tmp_path):
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize(("asked", "jobs", "expected"), [("1", 2, 1), ("3", 1, 3), ("1,1", 2, 1), ("x", 1, 5)])
+@pytest.mark.parametrize(
+    ("asked", "jobs", "expected"), [("1", 2, 1), ("3", 1, 3), ("1,1", 2, 1), ("x", 1, 5)]
+)
 def test_omp_num_threads_set_after_torch_started_is_what_the_runs_get(asked, jobs, expected, monkeypatch):
-    """torch reads OMP_NUM_THREADS once, at import: a process that sets it later (as a test does) keeps its own
-    count, and its `--jobs` children must still get the count asked for, or they do other arithmetic than a
-    run made in this process on that count (a value that is not a count is ignored)."""
+    """torch reads OMP_NUM_THREADS once, at import: a process that sets it later (as a test does) keeps its
+    own count, and its `--jobs` children must still get the count asked for, or they do other arithmetic
+    than a run made in this process on that count (a value that is not a count is ignored)."""
     from blade_core.bench.settings import worker_threads
 
     monkeypatch.setenv("OMP_NUM_THREADS", asked)
