@@ -192,6 +192,7 @@ def write_text_world(out: str | Path, kind: str, docs: int | None = None, seed: 
         "icl_qa.json": world["icl"],
         "general_qa.json": world["general"],
     }
+    (out / "world.json").unlink(missing_ok=True)  # written last, it marks a whole world (`holds_text_world`)
     counts = {}
     for name, rows in files.items():
         if name.endswith(".jsonl"):
@@ -200,9 +201,23 @@ def write_text_world(out: str | Path, kind: str, docs: int | None = None, seed: 
             body = json.dumps(rows, ensure_ascii=False, indent=1) + "\n"
         (out / name).write_text(body, encoding="utf-8")
         counts[name] = len(rows)
-    info = {"kind": kind, "docs": docs or DEFAULT_DOCS[kind], "seed": seed, "version": TEXT_WORLD_VERSION}
+    info = _world_info(kind, docs, seed)
     (out / "world.json").write_text(json.dumps(info | {"files": counts}, indent=1) + "\n", encoding="utf-8")
     return counts
+
+
+def holds_text_world(out: str | Path, kind: str, docs: int | None = None, seed: int = 0) -> bool:
+    """Whether `out` holds, complete, the world `write_text_world(out, kind, docs, seed)` writes."""
+    try:
+        info = json.loads((Path(out) / "world.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    expected = _world_info(kind, docs, seed)
+    return isinstance(info, dict) and {k: info.get(k) for k in expected} == expected
+
+
+def _world_info(kind: str, docs: int | None, seed: int) -> dict[str, Any]:
+    return {"kind": kind, "docs": docs or DEFAULT_DOCS[kind], "seed": seed, "version": TEXT_WORLD_VERSION}
 
 
 def read_world(data_dir: str | Path) -> dict[str, Any]:

@@ -567,6 +567,34 @@ def test_two_benches_on_one_out_make_a_run_once(kind, tmp_path, monkeypatch):
     assert answers["first"] == answers["second"] == expected
 
 
+def test_two_benches_on_one_cache_synthesise_the_world_once(tmp_path, monkeypatch):
+    """Benches started together on one cache all find the world missing. Unlocked, each would rewrite its
+    files (world.json first removed) while the first is already hashing and training on them."""
+    import threading
+
+    from blade_core.bench import models
+    from blade_core.synth import write_world
+
+    data_dir = tmp_path / "world-a4-s3"
+    writers: list[str] = []
+
+    def slow_write(out, authors, seed):
+        writers.append(threading.current_thread().name)
+        threading.Event().wait(0.3)  # long enough for the other bench to arrive meanwhile
+        return write_world(out, authors=authors, seed=seed)
+
+    monkeypatch.setattr(models, "write_world", slow_write)
+    benches = [
+        threading.Thread(target=models.synthesised_world, args=(data_dir, 4, 3, lambda _msg: None))
+        for _ in range(2)
+    ]
+    for b in benches:
+        b.start()
+    for b in benches:
+        b.join()
+    assert len(writers) == 1 and (data_dir / "world.json").is_file()
+
+
 def _plan_without_models(tmp_path: Path, *, methods: list[str], split: str) -> bench.BenchPlan:
     """A default-preset plan over `tmp_path` for tests that stop before any model is loaded (seed 42; the LR
     rule's factor fixed at 1, since there is no target build to read it from)."""

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from blade_core.text_world import generate, read_world, write_text_world
+from blade_core.text_world import generate, holds_text_world, read_world, write_text_world
 from blade_service.cli.main import main
 
 
@@ -37,6 +37,21 @@ def test_news_world_is_deterministic_and_entangled(tmp_path):
         write_text_world(tmp_path / "c", "news", 30, seed=4)
         and (tmp_path / "c" / "forget.jsonl").read_bytes() != (a / "forget.jsonl").read_bytes()
     )
+
+
+def test_a_text_world_is_held_only_complete_and_as_asked(tmp_path):
+    """The text bench rewrites a cached world only when it is not the one asked for: another kind, size, seed
+    or generator version, or a write that stopped before world.json (written last)."""
+    out = tmp_path / "w"
+    assert not holds_text_world(out, "news", 30, seed=3)
+    write_text_world(out, "news", 30, seed=3)
+    assert holds_text_world(out, "news", 30, seed=3)
+    assert not holds_text_world(out, "news", 30, seed=4) and not holds_text_world(out, "books", 30, seed=3)
+    info = json.loads((out / "world.json").read_text())
+    (out / "world.json").write_text(json.dumps(info | {"version": info["version"] - 1}))
+    assert not holds_text_world(out, "news", 30, seed=3)
+    (out / "world.json").write_text("{")  # torn
+    assert not holds_text_world(out, "news", 30, seed=3)
 
 
 def test_books_world_forgets_the_first_work():

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from blade_core.bench.settings import BenchSettings, Log
 from blade_core.build import build_model
+from blade_core.build_common import file_lock
 from blade_core.lora import load_with_stack
 from blade_core.synth import write_world
 
@@ -90,13 +91,20 @@ def prepare_synthetic(
 
     `world_seed`: the world's seed (default settings.world_seed; the validation world passes its own)."""
     seed = settings.world_seed if world_seed is None else world_seed
-    data_dir = root / f"world-a{settings.authors}-s{seed}"
-    if not (data_dir / "world.json").is_file():
-        log(f"synthesising a world of {settings.authors} authors into {data_dir}")
-        write_world(data_dir, authors=settings.authors, seed=seed)
+    data_dir = synthesised_world(root / f"world-a{settings.authors}-s{seed}", settings.authors, seed, log)
     data_dir, target, golds = prepare_models(data_dir, root, settings, splits, log=log, progress=progress)
     assert target is not None
     return data_dir, target, golds
+
+
+def synthesised_world(data_dir: Path, authors: int, seed: int, log: Log = print) -> Path:
+    """`data_dir`, synthesised there unless a complete world (its world.json) is already there. Benches that
+    share the cache wait for each other here: a second writer would rewrite files the first is reading."""
+    with file_lock(data_dir.with_name(data_dir.name + ".lock")):
+        if not (data_dir / "world.json").is_file():
+            log(f"synthesising a world of {authors} authors into {data_dir}")
+            write_world(data_dir, authors=authors, seed=seed)
+    return data_dir
 
 
 def _load(model_dir: Path, device):

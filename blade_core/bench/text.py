@@ -30,12 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from blade_core.bench.selection import beyond_edge, choose
+from blade_core.build_common import file_lock
 from blade_core.evaluation.muse import min_k_auc, muse_eval
 from blade_core.lora import load_with_stack
 from blade_core.methods import METHOD_NAMES, get_method
 from blade_core.modeling import pick_device
 from blade_core.text_build import build_text_model
-from blade_core.text_world import read_world, write_text_world
+from blade_core.text_world import holds_text_world, read_world, write_text_world
 from blade_core.unlearn import config_fields, run_unlearning
 
 SUITES: dict[str, dict[str, str]] = {  # suite -> BLADE's preset and the default world kind
@@ -83,7 +84,9 @@ class World:
 def prepare_world(cache: Path, kind: str, seed: int, settings: TextBenchSettings, log) -> World:
     """The text world of `seed`, its target and retrained models (cached), and the retrained model's AUC."""
     data = cache / f"{kind}-{settings.docs or 'd'}-seed{seed}"
-    write_text_world(data, kind, settings.docs, seed)
+    with file_lock(data.with_name(data.name + ".lock")):  # benches on one cache: one writer, no torn reads
+        if not holds_text_world(data, kind, settings.docs, seed):
+            write_text_world(data, kind, settings.docs, seed)
     models = {}
     for name, retrained in (("target", False), ("retrained", True)):
         result = build_text_model(
