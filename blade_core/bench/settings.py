@@ -135,8 +135,8 @@ def worker_threads(jobs: int) -> int:
     out (`--jobs 2` on 2 cores: 1 each); with one job, this process's own count.
 
     The variable is read, not this process's count: torch reads it once, at import, so a process that set it
-    later (a test) still runs its own runs on the import-time count, and its children would inherit that
-    count instead of the one asked for, and so do other arithmetic."""
+    later (a test) keeps its import-time count, and children handed that count would do other arithmetic
+    than the runs asked for."""
     if (asked := _omp_threads()) is not None:
         return asked
     if jobs <= 1:
