@@ -38,8 +38,8 @@ from blade_core.build_common import (
     check_replaceable,
     cosine_lr,
     data_hash,
+    dir_lock,
     encode_for_training,
-    file_lock,
     flush_denormals,
     info_key,
     memorisation,
@@ -243,7 +243,7 @@ def build_model(
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     rows, everything, excluded = training_rows(data_dir, exclude_split)
     say = log or (lambda _msg: None)
-    with file_lock(out_dir.with_name(out_dir.name + ".lock")), torch_threads(threads):
+    with dir_lock(out_dir), torch_threads(threads):
         key = cache_key(data_dir, recipe, seed, exclude_split)  # under the build's thread count
         return _build_locked(
             data_dir,
@@ -288,7 +288,7 @@ def _build_two_stage(
     elif not (base / "config.json").is_file():
         raise BuildError(f"--base {base}: not a model directory (no config.json)")
     key = finetune_key(data_dir, base, two_stage.finetune, seed, exclude_split)
-    with file_lock(out_dir.with_name(out_dir.name + ".lock")):
+    with dir_lock(out_dir):
         if info_key(out_dir) == key:
             say(f"cache hit: {out_dir} already holds build {key}")
             return BuildResult(out_dir, read_info(out_dir), cached=True)

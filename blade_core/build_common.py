@@ -325,6 +325,12 @@ def file_lock(lock_file: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def dir_lock(path: Path):
+    """`file_lock` for making `path` (a directory): held through its sibling `<name>.lock`, so every process
+    that makes or reuses `path` waits for the one making it."""
+    return file_lock(path.with_name(path.name + ".lock"))
+
+
 def read_info(model_dir: Path) -> dict[str, Any]:
     return json.loads((model_dir / INFO_FILE).read_text())
 

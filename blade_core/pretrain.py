@@ -39,8 +39,8 @@ from blade_core.build_common import (
     Eos,
     cosine_lr,
     data_hash,
+    dir_lock,
     encode_for_training,
-    file_lock,
     flush_denormals,
     info_key,
     memorisation,
@@ -262,7 +262,7 @@ def pretrain_base(
     out_dir = Path(out_dir)
     key = base_key(recipe, seed)
     say = log or (lambda _m: None)
-    with file_lock(out_dir.with_name(out_dir.name + ".lock")):
+    with dir_lock(out_dir):
         if info_key(out_dir) == key:
             say(f"cache hit: base {out_dir} ({key})")
             return BuildResult(out_dir, read_info(out_dir), cached=True)

@@ -33,7 +33,7 @@ from blade_core.build_common import (
     BuildError,
     BuildResult,
     check_replaceable,
-    file_lock,
+    dir_lock,
     info_key,
     numerics,
     read_info,
@@ -113,7 +113,7 @@ def build_text_model(
     base_cache = Path(cache_dir) if cache_dir is not None else out_dir.resolve().parent / ".base-cache"
     base_dir = ensure_base(TWO_STAGE[size].base, base_cache, progress=progress, log=log).model_dir
     key = text_key(data_dir, base_dir, recipe, seed, retrained)
-    with file_lock(out_dir.with_name(out_dir.name + ".lock")):
+    with dir_lock(out_dir):
         if info_key(out_dir) == key:
             say(f"cache hit: {out_dir} already holds text build {key}")
             return BuildResult(out_dir, read_info(out_dir), cached=True)

@@ -50,7 +50,8 @@ def ensure_tiny_world(
     size: str = TINY_SIZE,
 ) -> TinyWorld:
     """The cached world and its target (or, with `exclude_split`, gold) model; built on first call."""
-    from blade_core.build import build_model, file_lock
+    from blade_core.build import build_model
+    from blade_core.build_common import file_lock
     from blade_core.synth import write_world
 
     root = world_root(authors, seed, size)

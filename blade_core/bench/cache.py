@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from blade_core.bench.one_run import _run_dir, run_one, split_preset
 from blade_core.bench.settings import RESULTS_VERSION, BenchPlan, Log
-from blade_core.build_common import file_lock
+from blade_core.build_common import dir_lock
 
 # settings that change which runs a bench makes, not what one run computes (kept out of the cache key)
 _PLAN_ONLY_SETTINGS = (
@@ -66,10 +64,13 @@ def fresh_run(
     multiplier: float | None = None,
     tag: str = "",
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """run_one's (row, history), written to the run dir where `cached_result` finds it next time (or what
-    another bench on the same --out made meanwhile: `run_lock`)."""
+    """run_one's (row, history), written to the run dir where `cached_result` finds it next time.
+
+    Made under the run dir's lock, the cache looked up again inside it: two benches on one --out (a protocol
+    run in parts) may reach the same run, and the second then waits and reads the first's result instead of
+    clearing the work dir the first is training in. Sequences and scaled runs do the same (`stream`)."""
     run_dir = _run_dir(plan, method, split, seed, tag)
-    with run_lock(run_dir):
+    with dir_lock(run_dir):
         cached = cached_result(plan, method, split, seed, multiplier=multiplier, tag=tag)
         if cached is not None:
             return cached
@@ -81,16 +82,6 @@ def fresh_run(
             {"fingerprint": fingerprint, "builds": _builds(plan, split), "row": out["row"]},
         )
     return out["row"], out["history"]
-
-
-@contextmanager
-def run_lock(run_dir: Path) -> Iterator[None]:
-    """Held while a run (or a sequence of stacked requests) is made in `run_dir`. Two benches on one --out
-    (a protocol run in parts: other seeds, other methods) may reach the same run; the second waits here and
-    then reads the first's result, instead of clearing the work dir the first is training in. The caller
-    looks for a cached result again once it holds the lock."""
-    with file_lock(run_dir.parent / f"{run_dir.name}.lock"):
-        yield
 
 
 def cached_result(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from blade_core.bench.settings import BenchSettings, Log
 from blade_core.build import build_model
-from blade_core.build_common import file_lock
+from blade_core.build_common import dir_lock
 from blade_core.lora import load_with_stack
 from blade_core.synth import write_world
 
@@ -100,7 +100,7 @@ def prepare_synthetic(
 def synthesised_world(data_dir: Path, authors: int, seed: int, log: Log = print) -> Path:
     """`data_dir`, synthesised there unless a complete world (its world.json) is already there. Benches that
     share the cache wait for each other here: a second writer would rewrite files the first is reading."""
-    with file_lock(data_dir.with_name(data_dir.name + ".lock")):
+    with dir_lock(data_dir):
         if not (data_dir / "world.json").is_file():
             log(f"synthesising a world of {authors} authors into {data_dir}")
             write_world(data_dir, authors=authors, seed=seed)

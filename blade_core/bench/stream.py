@@ -30,12 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from blade_core.bench.cache import _builds, _fingerprint, _preset_of, _read_json, _write_json, run_lock
+from blade_core.bench.cache import _builds, _fingerprint, _preset_of, _read_json, _write_json
 from blade_core.bench.models import retain_split, split_paths
 from blade_core.bench.one_run import DRAWN, evaluate, load_trained, make_row, split_preset, train
 from blade_core.bench.parallel import made
 from blade_core.bench.settings import BenchPlan, Log
 from blade_core.bench.summary import _fmt, mean_std
+from blade_core.build_common import dir_lock
 from blade_core.evaluation.metrics import hm_score
 from blade_core.evaluation.tofu import forget_block, load_rows, sample_rows
 from blade_core.plots import plot_curves
@@ -174,8 +175,8 @@ def run_sequence(
     plan: BenchPlan, method: str, seed: int, groups: list[list], log: Log
 ) -> list[dict[str, Any]]:
     """N stacked requests of one method and seed; one row per step (cached as a whole sequence; another
-    bench on the same --out making it meanwhile is waited for: `run_lock`)."""
-    with run_lock(_sequence_root(plan, method, seed)):
+    bench on the same --out making it meanwhile is waited for: `cache.fresh_run`)."""
+    with dir_lock(_sequence_root(plan, method, seed)):
         cached = cached_sequence(plan, method, seed, groups)
         return cached if cached is not None else _stacked_afresh(plan, method, seed, groups, log)
 
@@ -268,9 +269,9 @@ def _made_afresh(spec: SequenceSpec, log: Log) -> list[dict[str, Any]]:
 
 
 def run_scale(plan: BenchPlan, method: str, seed: int, scale: int, rows: list, log: Log) -> dict[str, Any]:
-    """One request on the target with the scale's forget set (cached; `run_lock`)."""
+    """One request on the target with the scale's forget set (cached; locked as `cache.fresh_run`)."""
     root = plan.out_dir / "scale" / method / f"seed{seed}" / f"x{scale}"
-    with run_lock(root):
+    with dir_lock(root):
         split = plan.settings.sequential_split
         keys: dict[str, Any] = {"scale": scale, "scales": sorted(plan.scales), **_preset_of(method, DRAWN)}
         fingerprint = _fingerprint(plan, method, **keys)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from blade_core.bench.selection import beyond_edge, choose
-from blade_core.build_common import file_lock
+from blade_core.build_common import dir_lock
 from blade_core.evaluation.muse import min_k_auc, muse_eval
 from blade_core.lora import load_with_stack
 from blade_core.methods import METHOD_NAMES, get_method
@@ -84,7 +84,7 @@ class World:
 def prepare_world(cache: Path, kind: str, seed: int, settings: TextBenchSettings, log) -> World:
     """The text world of `seed`, its target and retrained models (cached), and the retrained model's AUC."""
     data = cache / f"{kind}-{settings.docs or 'd'}-seed{seed}"
-    with file_lock(data.with_name(data.name + ".lock")):  # benches on one cache: one writer, no torn reads
+    with dir_lock(data):  # benches on one cache: one writer, no torn reads
         if not holds_text_world(data, kind, settings.docs, seed):
             write_text_world(data, kind, settings.docs, seed)
     models = {}
