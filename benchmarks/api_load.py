@@ -17,7 +17,9 @@ What it does, all on 127.0.0.1 and bounded in count and time:
 3. bootstraps an admin key, registers a base model, uploads two datasets, submits one request;
 4. drives each target with a small keep-alive HTTP/1.1 client (asyncio, one process) for `--duration` seconds
    or `--requests` requests, whichever comes first, after a warm-up; prints a table, the ratios and the
-   load average (the box may be shared: read the ratios, not the absolute figures).
+   load average (the box may be shared: read the ratios, not the absolute figures). Besides latency it reads
+   CPU time from /proc: the server process's, and that of the database backends serving the benchmark's
+   database (where PostgreSQL runs on this machine; its WAL writer and checkpointer are not counted).
 Nothing consumes the queued requests (no worker): the POST figures are the API's own cost. POST is measured
 twice: behind other requests of the same base model (the common case under load: only the head of a base
 model's queue may run, so nothing is published; the worker publishes it when the one before it finishes),
@@ -40,6 +42,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -127,6 +130,7 @@ class Result:
     mean_ms: float
     statuses: dict[str, int]
     cpu_ms_per_request: float | None = None  # the server process's CPU time (all threads) per request
+    db_cpu_ms_per_request: float | None = None  # the CPU time of the database's backends per request
 
 
 async def _read_response(reader: asyncio.StreamReader) -> int:
@@ -235,6 +239,17 @@ def cpu_seconds(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def backends_cpu_seconds(admin_url: str, db_name: str) -> dict[int, float]:
+    """CPU time so far of each PostgreSQL backend connected to `db_name`, by pid: empty when the server is
+    not on this machine (its processes are not in /proc)."""
+    import psycopg
+
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", [db_name])
+        pids = [pid for (pid,) in rows]
+    return {pid: cpu for pid in pids if (cpu := cpu_seconds(pid)) is not None}
+
+
 def run_load(
     name: str,
     host: str,
@@ -246,6 +261,7 @@ def run_load(
     max_requests: int,
     warmup: int,
     server_pid: int | None = None,
+    database_cpu: Callable[[], dict[int, float]] | None = None,
 ) -> Result:
     asyncio.run(
         _drive(
@@ -259,6 +275,7 @@ def run_load(
         )
     )
     cpu_before = cpu_seconds(server_pid)
+    db_before = database_cpu() if database_cpu else {}
     result = asyncio.run(
         _drive(
             name,
@@ -271,8 +288,12 @@ def run_load(
         )
     )
     cpu_after = cpu_seconds(server_pid)
+    db_after = database_cpu() if database_cpu else {}
     if cpu_before is not None and cpu_after is not None and result.requests:
         result.cpu_ms_per_request = round((cpu_after - cpu_before) * 1000 / result.requests, 2)
+    if db_after and result.requests:  # a backend opened during the run counts from zero
+        db_seconds = sum(cpu - db_before.get(pid, 0.0) for pid, cpu in db_after.items())
+        result.db_cpu_ms_per_request = round(db_seconds * 1000 / result.requests, 2)
     return result
 
 
@@ -489,6 +510,10 @@ def write_json_report(args: argparse.Namespace, load_before: str, load_after: st
     args.json.write_text(json.dumps(document, indent=2, default=str))
 
 
+def _or_dash(value: float | None) -> str:
+    return "-" if value is None else str(value)
+
+
 def ratio(a: float, b: float) -> float:
     return round(a / b, 3) if b else float("nan")
 
@@ -597,6 +622,7 @@ def main(argv: list[str] | None = None) -> int:
                     max_requests=args.requests if concurrency > 1 else max(1, args.requests // 4),
                     warmup=args.warmup,
                     server_pid=pid,
+                    database_cpu=lambda: backends_cpu_seconds(args.pg_admin_url, db_name),
                 )
         commit_ms = durable_commit_ms(db_url)
         four_trips_ms, pipelined_ms = round_trips_ms(db_url)
@@ -616,13 +642,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"{'target':34} {'mode':>5} {'requests':>8} {'errors':>6} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'CPU ms/req':>10}"
+        f"{'CPU ms/req':>10} {'DB CPU ms/req':>13}"
     )
     for name, modes in results.items():
         for mode, r in modes.items():
             print(
                 f"{name:34} {mode:>5} {r.requests:8d} {r.errors:6d} {r.rps:8.1f} {r.p50_ms:8.2f} "
-                f"{r.p99_ms:8.2f} {r.cpu_ms_per_request if r.cpu_ms_per_request is not None else '-':>10}"
+                f"{r.p99_ms:8.2f} {_or_dash(r.cpu_ms_per_request):>10} "
+                f"{_or_dash(r.db_cpu_ms_per_request):>13}"
             )
     ours, peer = results["ours GET /unlearn-requests/{id}"], results["plain peer GET (key + pk select)"]
     post, head = results["ours POST, behind others"], results["ours POST, queue head (publish)"]

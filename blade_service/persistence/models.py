@@ -258,8 +258,9 @@ class UnlearnRequest(Base):
     )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("req"))
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
-    base_model_id: Mapped[str] = mapped_column(ForeignKey("base_models.id"), index=True)
+    # No single-column index on either: the composite ones above lead with them (migration 0007).
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    base_model_id: Mapped[str] = mapped_column(ForeignKey("base_models.id"))
     forget_dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
     retain_dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
     method: Mapped[str] = mapped_column(String(32))
