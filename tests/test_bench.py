@@ -21,6 +21,7 @@ import torch
 from blade_core import bench
 from blade_core.bench import run as bench_run
 from blade_core.bench.selection import beyond_edge, choose
+from blade_core.build_common import cpu_identity
 from blade_service.cli.main import main
 
 CONTRACT_ROW_KEYS = {
@@ -371,6 +372,8 @@ def test_parallel_runs_make_the_sequential_runs(
     assert _bench(small_world, validation_world, tmp_path / "two", "--jobs", "2") == 0
     err = capsys.readouterr().err
     assert "4 runs on 2 processes" in err and "2 runs on 2 processes" in err  # selection grid, test grid
+    # first of all, the CPU kind: it decides which build of the models a box makes (docs/results.md)
+    assert err.startswith("on ") and f"CPU kind {cpu_identity()}:" in err.splitlines()[0]
     one = json.loads((one_process_bench[0] / "results.json").read_text())
     two = json.loads((tmp_path / "two" / "results.json").read_text())
     assert two["selection"]["validation_hm"] == one["selection"]["validation_hm"]

@@ -174,6 +174,7 @@ def _seed_list(text: str | None, count: int | None) -> list[int] | None:
 
 def run(args: argparse.Namespace) -> int:
     from blade_core import bench
+    from blade_core.bench.measure import machine
     from blade_service.cli.main import CliError
 
     if args.suite != "tofu":
@@ -225,6 +226,11 @@ def run(args: argparse.Namespace) -> int:
     methods = bench.parse_list(args.methods, bench.METHOD_NAMES, "method")
     splits = bench.parse_list(args.splits, bench.SPLITS, "split")
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    box = machine()
+    log(
+        f"on {box['summary']}; CPU kind {box['cpu_identity']}: the models built here match another box's bit "
+        "for bit only where that box is of the same kind (docs/results.md)"
+    )
     progress = not args.no_progress
     validation = None
     gold_splits = [] if (args.sequential or scales) else splits  # no gold for the drawn author sets
