@@ -51,14 +51,14 @@ def ensure_tiny_world(
 ) -> TinyWorld:
     """The cached world and its target (or, with `exclude_split`, gold) model; built on first call."""
     from blade_core.build import build_model
-    from blade_core.build_common import file_lock
+    from blade_core.build_common import dir_lock
     from blade_core.synth import write_world
 
     root = world_root(authors, seed, size)
     root.parent.mkdir(parents=True, exist_ok=True)
     data_dir = root / "data"
     model_dir = root / (f"gold-{exclude_split}" if exclude_split else "target")
-    with file_lock(root.with_suffix(".lock")):
+    with dir_lock(root):
         if not (data_dir / "world.json").is_file():
             write_world(data_dir, authors=authors, seed=seed)  # world.json is written last
         # one thread: these models are too small to gain from two, and test machines are often shared
