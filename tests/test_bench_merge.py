@@ -183,9 +183,11 @@ def test_a_stacked_run_in_two_invocations_merges_on_the_command_line(tmp_path, c
     assert merged["settings"]["seeds"] == [42, 123]
     assert sorted((r["seed"], r["step"]) for r in merged["rows"]) == [(42, 1), (42, 2), (123, 1), (123, 2)]
     assert all(e["n"] == 2 for e in merged["summary_step"])
-    assert (out / "hm_step.png").read_bytes()[:4] == b"\x89PNG" and "](hm_step.png)" in (
-        out / "results.md"
-    ).read_text()
+    report = (out / "results.md").read_text()
+    assert (out / "hm_step.png").read_bytes()[:4] == b"\x89PNG" and "](hm_step.png)" in report
+    # the report names what it joined instead of one invocation's command, and each kind of CPU behind it
+    assert "Joined by `blade bench-merge` from 2 invocations" in report and "Command:" not in report
+    assert report.count("CPU kind ") == 1 and f"CPU kind {part['machine']['cpu_identity']}" in report
 
     broken = tmp_path / "broken.json"
     broken.write_text('{"rows": [\n  1,\n')

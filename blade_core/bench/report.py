@@ -27,6 +27,20 @@ def _fq(cell: dict[str, Any] | None) -> str:
     return f"{cell['mean']:{fmt}} ± {cell['std']:{fmt}}"
 
 
+def _provenance(results: dict[str, Any]) -> list[str]:
+    """The command and machine behind a results.json; for a `blade bench-merge` of several invocations, how
+    many it joined and each kind of CPU they ran on (every command is in `sources`)."""
+    if "sources" not in results:
+        return [f"Command: `{results.get('command', '')}`  ", f"Machine: {results['machine']['summary']}  "]
+    sources = results["sources"]
+    machines = [results["machine"], *(s["machine"] for s in sources if "machine" in s)]
+    kinds = dict.fromkeys(f"{m.get('summary', '?')}, CPU kind {m.get('cpu_identity', '?')}" for m in machines)
+    return [
+        f"Joined by `blade bench-merge` from {len(sources)} invocations (commands: results.json `sources`)  ",
+        f"Machines: {'; '.join(kinds)}  ",
+    ]
+
+
 def render_markdown(results: dict[str, Any], plots: Sequence[Path] = ()) -> str:
     """results.md: Table 1 (MU, Prob, ROUGE, HM as mean ± std per split), then forget quality, PrivLeak, time
     and memory per split, the best HM per split, and the plots."""
@@ -60,8 +74,7 @@ def render_markdown(results: dict[str, Any], plots: Sequence[Path] = ()) -> str:
         f"evaluation on at most {s['eval_max_rows'] or 'all'} rows per set, "
         f"{s['eval_max_new_tokens']} generated tokens. Test world seed: {', '.join(map(str, test_seeds))}.",
         "",
-        f"Command: `{results.get('command', '')}`  ",
-        f"Machine: {results['machine']['summary']}  ",
+        *_provenance(results),
         f"Wall time: {results['wall_s'] / 60:.1f} min",
         "",
     ]
