@@ -33,7 +33,8 @@ def _provenance(results: dict[str, Any]) -> list[str]:
     if "sources" not in results:
         return [f"Command: `{results.get('command', '')}`  ", f"Machine: {results['machine']['summary']}  "]
     sources = results["sources"]
-    machines = [results["machine"], *(s["machine"] for s in sources if "machine" in s)]
+    recorded = [s["machine"] for s in sources if isinstance(s, dict) and "machine" in s]  # old: bare strings
+    machines = [results["machine"], *recorded]
     kinds = dict.fromkeys(f"{m.get('summary', '?')}, CPU kind {m.get('cpu_identity', '?')}" for m in machines)
     return [
         f"Joined by `blade bench-merge` from {len(sources)} invocations (commands: results.json `sources`)  ",
