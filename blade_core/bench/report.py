@@ -32,9 +32,8 @@ def _provenance(results: dict[str, Any]) -> list[str]:
     many it joined and each kind of CPU they ran on (every command is in `sources`)."""
     if "sources" not in results:
         return [f"Command: `{results.get('command', '')}`  ", f"Machine: {results['machine']['summary']}  "]
-    sources = results["sources"]
-    recorded = [s["machine"] for s in sources if isinstance(s, dict) and "machine" in s]  # old: bare strings
-    machines = [results["machine"], *recorded]
+    sources = results["sources"]  # records: `merge._sources` turned an older merge's bare commands into them
+    machines = [results["machine"], *(s["machine"] for s in sources if "machine" in s)]
     kinds = dict.fromkeys(f"{m.get('summary', '?')}, CPU kind {m.get('cpu_identity', '?')}" for m in machines)
     return [
         f"Joined by `blade bench-merge` from {len(sources)} invocations (commands: results.json `sources`)  ",
