@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # The GPU checks in one run (issues 9 and 14), for a lent accelerator whose time is short:
-#   1. one unlearn request end to end through `blade up` (API + Celery worker + SQLite), trained on the GPU
-#      (bf16 + gradient checkpointing, the worker's CUDA defaults): request, events and metrics as JSON;
-#   2. benchmarks/engine.py on CUDA at its default size (with the 128k-vocabulary entropy and LM-head
-#      comparisons in bf16) and at a 1B-parameter size: tokens/s, peak memory and MFU;
-#   3. `blade bench --synthetic --quick` on CUDA for four methods on forget01, in whatever time is left.
+#   1. benchmarks/engine.py on CUDA at its default size, BLADE at the reference's 4 rows x 4 micro-batches
+#      and at one micro-batch of 16 rows (the same effective batch, a quarter of the launches), each beside
+#      full-parameter GradDiff at the same rows: tokens/s, peak memory and MFU;
+#   2. `blade bench --synthetic --quick` at the `large` size (64 M parameters), its models pretrained and
+#      fine-tuned on the GPU (--build-device cuda), for four methods on forget01, with the selection on the
+#      validation world as usual; and, beside it, one unlearn request end to end through `blade up` (API +
+#      Celery worker + SQLite) trained on the GPU (bf16 + gradient checkpointing, the worker's CUDA
+#      defaults): request, events and metrics as JSON. The request shares the GPU with the bench, so its
+#      times are an upper bound; it checks that the service's CUDA path works.
 # Each step has its own time limit and writes under OUT as it goes, so a failure or a timeout in one step
 # still leaves the others' figures.
 #
-#   OUT=out/gpu PY=.venv/bin/python DEVICE=cpu LARGE='--hidden 128' benchmarks/gpu_check.sh   # a rehearsal
+#   OUT=out/gpu PY=.venv/bin/python DEVICE=cpu SIZE=test BUILD=cpu JOBS=2 benchmarks/gpu_check.sh  # rehearsal
 #   OUT=$OUT DEMO=.devrun/demo benchmarks/gpu_check.sh                   # on the device (python3 there)
 #
 # DEMO: a demo cache dir (`demo-tiny/` + `data/`, as blade_core.demo writes it) built beforehand, so the
@@ -21,10 +25,12 @@ OUT=${OUT:?set OUT to a folder for the results}
 PY=${PY:-python3}
 DEMO=${DEMO:-.devrun/demo}
 WHEELS=${WHEELS:-.whl}
-BUDGET=${BUDGET:-560}
+BUDGET=${BUDGET:-480}
 DEVICE=${DEVICE:-cuda}
 ENGINE_STEPS=${ENGINE_STEPS:-3}
-LARGE=${LARGE:---hidden 2048 --layers 16 --heads 16 --vocab 32000 --seq 512 --batch 4}
+SIZE=${SIZE:-large}     # the bench's --model-size
+BUILD=${BUILD:-cuda}    # the bench's --build-device
+JOBS=${JOBS:-12}        # the bench's --jobs
 start=$SECONDS
 WORK=/tmp/gpu-check
 rm -rf "$WORK" && mkdir -p "$OUT" "$WORK"
@@ -39,6 +45,7 @@ if [ -d "$WHEELS" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
 fi
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
+    nproc
     "$PY" -c "import torch, transformers, peft; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
 'transformers', transformers.__version__, 'peft', peft.__version__)"
 } 2>&1 | tee "$WORK/env.txt"
@@ -48,8 +55,16 @@ fi
 
 left() { echo $((BUDGET - (SECONDS - start))); }
 
-echo "== 1. one request end to end (blade up) =="
-step1() {
+echo "== 1. engine benchmark on $DEVICE: 4 x 4 rows, then 16 x 1 =="
+for shape in "4 4" "16 1"; do
+    set -- $shape
+    timeout 75 "$PY" benchmarks/engine.py --device "$DEVICE" --steps "$ENGINE_STEPS" --skip-entropy \
+        --batch "$1" --grad-accum "$2" --json "$WORK/engine-batch$1-accum$2.json" 2>&1 | tee -a "$WORK/engine.txt"
+done
+save
+
+echo "== 2. one request end to end (blade up), beside the bench (left: $(left) s) =="
+request() {
     local data=/tmp/blade-gpu-var port=8765 t0 rc up
     rm -rf "$data"
     "$PY" -m blade_service.cli up --port $port --data-dir "$data" \
@@ -64,7 +79,7 @@ step1() {
     BLADE_API_KEY=$(cat "$data/admin-key")
     t0=$SECONDS
     "$PY" -m blade_service.cli submit --base-model demo-tiny --forget "$DEMO/data/forget01_perturbed.json" \
-        --retain "$DEMO/data/retain99.json" --wait --timeout 150 --json >"$WORK/request.json" \
+        --retain "$DEMO/data/retain99.json" --wait --timeout "$1" --json >"$WORK/request.json" \
         2>"$WORK/submit.log"
     rc=$?
     echo "request ended (rc $rc) $((SECONDS - t0)) s after submission"
@@ -72,7 +87,7 @@ step1() {
         <"$WORK/request.json")" --events --json >"$WORK/events.json" 2>>"$WORK/submit.log"
     kill -INT $up
     for _ in $(seq 40); do kill -0 $up 2>/dev/null || break; sleep 0.5; done
-    pkill -9 -f "blade_service.cli" 2>/dev/null
+    pkill -9 -f "blade_service.cli up" 2>/dev/null
     cp "$data/logs/worker.log" "$data/logs/api.log" "$WORK/" 2>/dev/null
     "$PY" - "$WORK/request.json" <<'PYEOF'
 import json, sys
@@ -83,24 +98,20 @@ print(json.dumps(req.get("metrics"), indent=1)[:4000])
 PYEOF
     return $rc
 }
-step1 2>&1 | tee "$WORK/step1.txt"
-save
+request $(($(left) - 40)) >"$WORK/request.txt" 2>&1 &
+requesting=$!
 
-echo "== 2. engine benchmark on $DEVICE (left: $(left) s) =="
-timeout 100 "$PY" benchmarks/engine.py --device "$DEVICE" --steps "$ENGINE_STEPS" --entropy-dtype bf16 \
-    --json "$WORK/engine-default.json" 2>&1 | tee "$WORK/engine.txt"
-# shellcheck disable=SC2086
-timeout 130 "$PY" benchmarks/engine.py --device "$DEVICE" --steps "$ENGINE_STEPS" --skip-entropy $LARGE \
-    --json "$WORK/engine-1b.json" 2>&1 | tee -a "$WORK/engine.txt"
+echo "== 3. the quick bench at size $SIZE, built on $BUILD (left: $(left) s) =="
+timeout $(($(left) - 20)) "$PY" -m blade_service.cli bench --synthetic --quick --model-size "$SIZE" \
+    --build-device "$BUILD" --jobs "$JOBS" --no-progress --methods blade,grad_diff,npo,rmu --splits forget01 \
+    --lr-grid-extend 0 --cache /tmp/bench-cache --out "$WORK/bench" 2>&1 | tail -c 200000 >"$WORK/bench.txt"
+echo "bench exit status ${PIPESTATUS[0]}"
+tail -40 "$WORK/bench.txt"
+for f in /tmp/bench-cache/models/*/*/build_info.json; do
+    [ -f "$f" ] && cp "$f" "$WORK/build_info-$(basename "$(dirname "$(dirname "$f")")")-$(basename "$(dirname "$f")").json"
+done
 save
-
-echo "== 3. the quick bench (left: $(left) s) =="
-if [ "$(left)" -gt 60 ]; then
-    timeout $(($(left) - 15)) "$PY" -m blade_service.cli bench --synthetic --quick --jobs 4 --no-progress \
-        --methods blade,grad_diff,npo,rmu --splits forget01 \
-        --cache /tmp/bench-cache --out "$WORK/bench" 2>&1 | tail -c 100000 >"$WORK/bench.txt"
-    echo "bench exit status ${PIPESTATUS[0]}"
-    tail -30 "$WORK/bench.txt"
-    save
-fi
+wait $requesting
+cat "$WORK/request.txt"
+save
 echo "total $((SECONDS - start)) s"

@@ -207,6 +207,7 @@ def build_model(
     pretrain: bool = False,
     base: str | Path | None = None,
     two_stage: Any = None,
+    device: torch.device | None = None,
 ) -> BuildResult:
     """Build (or reuse) the model for `data_dir` into `out_dir`; see the module docstring.
 
@@ -217,7 +218,8 @@ def build_model(
 
     Two-stage (`blade_core.pretrain`): with `pretrain`, the size's `TWO_STAGE` preset (or `two_stage`)
     pretrains a base once (cached under `cache_dir`, default `<out_dir's parent>/.base-cache`) and fine-tunes
-    it on the data for 5 epochs; with `base`, that model dir is the base (any causal LM dir).
+    it on the data for 5 epochs; with `base`, that model dir is the base (any causal LM dir). `device`: where
+    both stages train (default the CPU; an accelerator's name enters the build keys).
     """
     if pretrain or base is not None or two_stage is not None:
         with torch_threads(threads):
@@ -232,7 +234,10 @@ def build_model(
                 cache_dir=Path(cache_dir) if cache_dir is not None else None,
                 progress=progress,
                 log=log,
+                device=device,
             )
+    if device is not None and device.type != "cpu":
+        raise BuildError("a build from scratch trains on the CPU; a device applies to two-stage builds")
     if recipe is None:
         if size not in RECIPES or size not in SIZES:
             known = ", ".join(k for k in RECIPES if k in SIZES)
@@ -274,6 +279,7 @@ def _build_two_stage(
     cache_dir: Path | None,
     progress: bool,
     log: Callable[[str], None] | None,
+    device: torch.device | None = None,
 ) -> BuildResult:
     """Stage (a) (`ensure_base`, unless `base` is given) then stage (b) (`finetune`), each cached by key."""
     if two_stage is None:
@@ -284,10 +290,10 @@ def _build_two_stage(
     say = log or (lambda _msg: None)
     if base is None:
         base_cache = cache_dir if cache_dir is not None else out_dir.resolve().parent / ".base-cache"
-        base = ensure_base(two_stage.base, base_cache, progress=progress, log=log).model_dir
+        base = ensure_base(two_stage.base, base_cache, device=device, progress=progress, log=log).model_dir
     elif not (base / "config.json").is_file():
         raise BuildError(f"--base {base}: not a model directory (no config.json)")
-    key = finetune_key(data_dir, base, two_stage.finetune, seed, exclude_split)
+    key = finetune_key(data_dir, base, two_stage.finetune, seed, exclude_split, device)
     with dir_lock(out_dir):
         if info_key(out_dir) == key:
             say(f"cache hit: {out_dir} already holds build {key}")
@@ -307,6 +313,7 @@ def _build_two_stage(
             seed=seed,
             progress=progress,
             log=log,
+            device=device,
         )
         if cache_dir is not None and cache_dir.resolve() / key != out_dir.resolve():
             _copy_dir(out_dir, cache_dir / key)

@@ -116,19 +116,29 @@ def mkl_settings() -> dict[str, str]:
     return {name: os.environ[name] for name in MKL_KERNEL_SETTINGS if os.environ.get(name)}
 
 
-def numerics() -> dict[str, Any]:
+def numerics(device: torch.device | None = None) -> dict[str, Any]:
     """What changes a build's weights besides its data, recipe and seed: the torch version, its CPU thread
     count (a float reduction split over two threads sums in another order than on one), the CPU (its
-    kernels differ by model and instruction set) and any MKL kernel setting in the environment. Part of
-    every build key, so one key names one set of weights on every machine that builds it; `build_info.json`
-    records the key. An MKL setting enters only when set, so keys made without one keep their value."""
+    kernels differ by model and instruction set), any MKL kernel setting in the environment and, for a
+    build trained on an accelerator, that device's name. Part of every build key, so one key names one set
+    of weights on every machine that builds it; `build_info.json` records the key. The MKL setting and the
+    device enter only when set, so keys made without them keep their value."""
     mkl = mkl_settings()
+    accelerator = device is not None and device.type != "cpu"
     return {
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "cpu": cpu_identity(),
         **({"mkl": mkl} if mkl else {}),
+        **({"device": device_name(device)} if accelerator else {}),
     }
+
+
+def device_name(device: torch.device) -> str:
+    """`cpu`, or the accelerator's type and model, e.g. `cuda NVIDIA H200`."""
+    if device.type == "cuda":
+        return f"cuda {torch.cuda.get_device_name(device)}"
+    return device.type
 
 
 def read_qa(path: Path) -> list[dict[str, str]]:
@@ -237,7 +247,8 @@ def weighted_step(
 
     loss = sum_t w_t * NLL_t / sum_t w_t with `_batch`'s weights; gradients clipped to norm 1.
     """
-    ids, mask, targets, weights = _batch(picked, pad_id, prompt_weight)
+    device = next(model.parameters()).device
+    ids, mask, targets, weights = (t.to(device) for t in _batch(picked, pad_id, prompt_weight))
     for group in opt.param_groups:
         group["lr"] = lr
     logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]  # (B, T-1, V)
@@ -289,7 +300,7 @@ def save_model(model, tokenizer, info: dict[str, Any], out_dir: Path) -> None:
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.to("cpu").save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     (tmp / INFO_FILE).write_text(json.dumps(info, indent=1) + "\n")
     if out_dir.exists():

@@ -52,6 +52,11 @@ SIZES: dict[str, LlamaSize] = {
     "base-default": LlamaSize(
         hidden=448, layers=4, heads=7, intermediate=1216, max_positions=512, tie_embeddings=False
     ),
+    # For an accelerator (`blade bench --model-size large --build-device cuda`): the same proportions at
+    # 64 M parameters, 8 layers; LoRA r=8 is 1.5% of it. Pretraining it on one CPU core would take hours.
+    "base-large": LlamaSize(
+        hidden=768, layers=8, heads=12, intermediate=2048, max_positions=512, tie_embeddings=False
+    ),
 }
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

@@ -39,6 +39,7 @@ from blade_core.build_common import (
     Eos,
     cosine_lr,
     data_hash,
+    device_name,
     dir_lock,
     encode_for_training,
     flush_denormals,
@@ -114,6 +115,8 @@ TWO_STAGE: dict[str, TwoStage] = {
         FinetuneRecipe(lr=5e-3),
     ),
     "default": TwoStage(BaseRecipe("base-default", people=300, epochs=2), FinetuneRecipe(lr=1e-3)),
+    # large: not measured either; both LRs scaled from default's by width, 448/768.
+    "large": TwoStage(BaseRecipe("base-large", people=300, epochs=2, lr=6e-4), FinetuneRecipe(lr=6e-4)),
 }
 
 
@@ -224,8 +227,9 @@ def fit_finetune(
 # --- stage (a): the base -----------------------------------------------------------------------------------
 
 
-def base_key(recipe: BaseRecipe, seed: int = 0) -> str:
-    """Content hash of what changes a base: the corpus texts, recipe, model shape, prompt format, seed."""
+def base_key(recipe: BaseRecipe, seed: int = 0, device: torch.device | None = None) -> str:
+    """Content hash of what changes a base: the corpus texts, recipe, model shape, prompt format, seed,
+    and the numerics of the machine and device that train it."""
     texts = hashlib.sha256("\0".join(corpus_texts(recipe, "</s>")).encode()).hexdigest()
     spec = {
         "version": PRETRAIN_VERSION,
@@ -234,7 +238,7 @@ def base_key(recipe: BaseRecipe, seed: int = 0) -> str:
         "shape": asdict(SIZES[recipe.size]),
         "format": format_qa(Eos(), "Q?", "A."),
         "seed": seed,
-        "numerics": numerics(),
+        "numerics": numerics(device),
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
 
@@ -255,12 +259,14 @@ def pretrain_base(
     out_dir: str | Path,
     *,
     seed: int = 0,
+    device: torch.device | None = None,
     progress: bool = True,
     log: Callable[[str], None] | None = None,
 ):
-    """Build (or reuse, by `base_key`) the base of `recipe` in `out_dir`; returns a `BuildResult`."""
+    """Build (or reuse, by `base_key`) the base of `recipe` in `out_dir`; returns a `BuildResult`.
+    `device`: where it trains, in fp32 (default the CPU)."""
     out_dir = Path(out_dir)
-    key = base_key(recipe, seed)
+    key = base_key(recipe, seed, device)
     say = log or (lambda _m: None)
     with dir_lock(out_dir):
         if info_key(out_dir) == key:
@@ -271,7 +277,7 @@ def pretrain_base(
         texts = corpus_texts(recipe, "</s>")
         tokenizer = train_tokenizer(texts, vocab_size=recipe.vocab_size)
         examples = [(tokenizer(t)["input_ids"], 1) for t in texts]  # plain LM loss on every token
-        model = new_llama(tokenizer, recipe.size, seed=seed)
+        model = new_llama(tokenizer, recipe.size, seed=seed).to(device or "cpu")
         steps = math.ceil(len(examples) / recipe.batch_size) * recipe.epochs
         tokens = sum(len(ids) for ids, _ in examples)
         say(
@@ -307,6 +313,7 @@ def pretrain_base(
             **stats,
             "train_seconds": round(time.time() - started, 1),
             "torch_threads": torch.get_num_threads(),
+            "device": device_name(device or torch.device("cpu")),
         }
         save_model(model, tokenizer, info, out_dir)
         return BuildResult(out_dir, info, cached=False)
@@ -317,14 +324,16 @@ def ensure_base(
     cache_dir: str | Path,
     *,
     seed: int = 0,
+    device: torch.device | None = None,
     progress: bool = True,
     log: Callable[[str], None] | None = None,
 ):
     """The cached base of `recipe` under `cache_dir/base-<size>-<key>`, pretrained on first use."""
     return pretrain_base(
         recipe,
-        Path(cache_dir) / f"{recipe.size}-{base_key(recipe, seed)}",
+        Path(cache_dir) / f"{recipe.size}-{base_key(recipe, seed, device)}",
         seed=seed,
+        device=device,
         progress=progress,
         log=log,
     )
@@ -349,7 +358,12 @@ def model_digest(model_dir: Path) -> str:
 
 
 def finetune_key(
-    data_dir: Path, base_dir: Path, recipe: FinetuneRecipe, seed: int, exclude: str | None
+    data_dir: Path,
+    base_dir: Path,
+    recipe: FinetuneRecipe,
+    seed: int,
+    exclude: str | None,
+    device: torch.device | None = None,
 ) -> str:
     spec = {
         "version": PRETRAIN_VERSION,
@@ -359,7 +373,7 @@ def finetune_key(
         "seed": seed,
         "exclude": exclude,
         "data": data_hash(data_dir, exclude),
-        "numerics": numerics(),
+        "numerics": numerics(device),
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
 
@@ -375,14 +389,17 @@ def finetune(
     seed: int,
     progress: bool,
     log: Callable[[str], None] | None,
+    device: torch.device | None = None,
 ) -> dict[str, Any]:
-    """Fine-tune the base in `base_dir` on the dir's training rows; saves to `out_dir`, returns build_info."""
+    """Fine-tune the base in `base_dir` on the dir's training rows (on `device`, in fp32; default the
+    CPU); saves to `out_dir`, returns build_info."""
+    device = device or torch.device("cpu")
     started = time.time()
     say = log or (lambda _m: None)
     rows, everything, excluded = training_rows(data_dir, exclude_split)
     tokenizer = load_tokenizer(base_dir)
     torch.manual_seed(seed)
-    model = load_model(base_dir, device=torch.device("cpu"), dtype=torch.float32)
+    model = load_model(base_dir, device=device, dtype=torch.float32)
     examples = encode_for_training(tokenizer, rows)
     say(
         f"fine-tuning {base_dir.name} on {len(rows)} rows ({len(everything) - len(rows)} excluded), "
@@ -438,6 +455,7 @@ def finetune(
         "train_seconds": round(train_s, 1),
         "total_seconds": round(time.time() - started, 1),
         "torch_threads": torch.get_num_threads(),
+        "device": device_name(device),
     }
     save_model(model, tokenizer, info, out_dir)
     return info

@@ -8,6 +8,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+
 from blade_core.bench.settings import BenchSettings, Log
 from blade_core.build import build_model
 from blade_core.build_common import dir_lock
@@ -38,7 +40,8 @@ def split_paths(data_dir: Path, split: str) -> tuple[Path, Path]:
 def model_set_name(data_dir: Path, settings: BenchSettings) -> str:
     """The name of the models one preset builds from a world (the target and its golds), e.g.
     `world-a40-s0-default-s0`: what is cached per world and model size."""
-    return f"{data_dir.name}-{settings.model_size}-s{settings.build_seed}"
+    device = "" if settings.build_device == "cpu" else f"-{settings.build_device.replace(':', '')}"
+    return f"{data_dir.name}-{settings.model_size}-s{settings.build_seed}{device}"
 
 
 def prepare_models(
@@ -66,6 +69,7 @@ def prepare_models(
             size=settings.model_size,
             cache_dir=cache,
             pretrain=settings.pretrained,
+            device=None if settings.build_device == "cpu" else torch.device(settings.build_device),
             progress=progress,
             log=log,
         )

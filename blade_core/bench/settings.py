@@ -44,6 +44,9 @@ class BenchSettings:
     # Two-stage targets (blade_core/pretrain.py): a base pretrained once on a corpus without the world's
     # authors, fine-tuned 5 epochs on the world as TOFU fine-tunes Llama; False: trained from scratch.
     pretrained: bool = True
+    # Where target and gold models train: the CPU (default: bit-for-bit per CPU kind, docs/results.md), or
+    # an accelerator, e.g. `cuda`, for the sizes a CPU cannot pretrain in useful time (`large`).
+    build_device: str = "cpu"
     # None: every method runs its own published schedule (baselines: 10 epochs at batch 32; BLADE: to its
     # convergence stop under its cap); an int: a common step cap on every method (an option, not the default)
     max_steps: int | None = None

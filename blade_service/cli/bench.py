@@ -94,7 +94,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--scale", help="forget-set multiples, e.g. 1,2,4 (more authors, all else fixed), instead of the grid"
     )
     p.add_argument("--authors", type=int, help="--synthetic: authors in the world (default: the preset's)")
-    p.add_argument("--model-size", choices=("test", "quick", "default"), help="size of the built models")
+    p.add_argument(
+        "--model-size",
+        choices=("test", "quick", "default", "large"),
+        help="size of the built models (large: 64 M parameters, for --build-device cuda)",
+    )
+    p.add_argument(
+        "--build-device",
+        help="where the target and gold models train: cpu (default) or an accelerator, e.g. cuda",
+    )
     p.add_argument("--eval-max-rows", type=int, help="rows per evaluation set (default: the preset's)")
     p.add_argument("--target", type=Path, help="--data: the target model dir (default: build it from --data)")
     p.add_argument(
@@ -218,9 +226,11 @@ def run(args: argparse.Namespace) -> int:
             selection_split=args.selection_split,
             selection_seeds=args.selection_seeds,
             lr_grid_extend=args.lr_grid_extend,
+            build_device=args.build_device,
         )
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    _check_build_device(settings.build_device)
     if args.lr_scale is not None and not args.lr_scale > 0:
         raise CliError(f"--lr-scale must be > 0, got {args.lr_scale}")
     methods = bench.parse_list(args.methods, bench.METHOD_NAMES, "method")
@@ -350,6 +360,20 @@ def _run_text(args: argparse.Namespace) -> int:
         f"{len(results['rows'])} runs in {results['time_s']} s; {args.out / 'results.json'}", file=sys.stderr
     )
     return 0
+
+
+def _check_build_device(name: str) -> None:
+    """`--build-device`: the CPU, or an accelerator torch can see here."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise CliError(f"--build-device {name!r}: expected cpu or an accelerator such as cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CliError(f"--build-device {name}: torch sees no CUDA device on this machine")
+    if device.type not in ("cpu", "cuda"):
+        raise CliError(f"--build-device {name!r}: expected cpu or cuda[:N]")
 
 
 def merge(args: argparse.Namespace) -> int:
