@@ -9,6 +9,7 @@ invocation must reuse the cached runs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -403,6 +404,28 @@ def test_bench_rejects_unknown_methods_and_splits(small_world, tmp_path, capsys)
     assert "unknown method nope" in capsys.readouterr().err
     assert main(["bench", "--synthetic", "--splits", "forget42", "--out", str(tmp_path)]) == 2
     assert "unknown split forget42" in capsys.readouterr().err
+
+
+def test_bench_refuses_a_build_device_it_cannot_use(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as here and in CI, also on a GPU box
+    assert main(["bench", "--synthetic", "--build-device", "cuda", "--out", str(tmp_path)]) == 2
+    assert "--build-device cuda: torch sees no CUDA device" in capsys.readouterr().err
+    assert main(["bench", "--synthetic", "--build-device", "tpu0", "--out", str(tmp_path)]) == 2
+    assert "--build-device 'tpu0'" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_build_device_enters_the_record_only_when_it_is_not_the_cpu():
+    """Runs made before the setting existed recorded none: a CPU bench's record and model names stay as
+    they were, so its cached runs and results.json still match (bench-merge), while models built on an
+    accelerator get their own names."""
+    quick = bench.PRESETS["quick"]
+    assert "build_device" not in bench.settings_record(quick)
+    on_gpu = dataclasses.replace(quick, build_device="cuda:0")
+    assert bench.settings_record(on_gpu)["build_device"] == "cuda:0"
+    world = Path("world-a20-s0")
+    assert bench.model_set_name(world, quick) == "world-a20-s0-quick-s0"
+    assert bench.model_set_name(world, on_gpu) == "world-a20-s0-quick-s0-cuda0"
 
 
 def test_markdown_marks_the_best_hm_and_handles_missing_values():

@@ -77,12 +77,14 @@ def test_param_counts_match_the_model_and_peft() -> None:
 
 
 def test_default_target_keeps_lora_r8_at_most_2_percent() -> None:
-    """At the vocabulary the default base's corpus really yields (the BPE saturates below its request)."""
-    recipe = TWO_STAGE["default"].base
-    tokenizer = train_tokenizer(corpus_texts(recipe, "</s>"), vocab_size=recipe.vocab_size)
-    spec = SIZES[recipe.size]
-    fraction = lora_param_count(spec, 8) / llama_param_count(spec, len(tokenizer))
-    assert fraction <= 0.02, (len(tokenizer), fraction)
+    """At the vocabulary the default base's corpus really yields (the BPE saturates below its request);
+    the large size pretrains on the same corpus."""
+    for size in ("default", "large"):
+        recipe = TWO_STAGE[size].base
+        tokenizer = train_tokenizer(corpus_texts(recipe, "</s>"), vocab_size=recipe.vocab_size)
+        spec = SIZES[recipe.size]
+        fraction = lora_param_count(spec, 8) / llama_param_count(spec, len(tokenizer))
+        assert fraction <= 0.02, (size, len(tokenizer), fraction)
     # the from-scratch sizes are far above it (the reason for the new target)
     assert lora_param_count(SIZES["quick"]) / llama_param_count(SIZES["quick"], 1024) > 0.05
 
@@ -188,6 +190,31 @@ def test_a_build_key_names_the_mkl_kernel_settings(monkeypatch: pytest.MonkeyPat
     assert base_key(TINY.base) != plain
     monkeypatch.setenv("MKL_CBWR", "")
     assert base_key(TINY.base) == plain
+
+
+def test_a_build_key_names_an_accelerator_and_the_cpu_keys_stay(built: dict, world: Path) -> None:
+    """Weights trained on an accelerator differ from the CPU's, so its name enters both stages' keys; a
+    build on the CPU named explicitly is the default build, found again in the cache."""
+    meta = torch.device("meta")
+    assert numerics(torch.device("cpu")) == numerics() and numerics(meta)["device"] == "meta"
+    plain = base_key(TINY.base, 0)
+    assert base_key(TINY.base, 0, meta) != plain == base_key(TINY.base, 0, torch.device("cpu"))
+    again = build_model(
+        world,
+        built["root"] / "target",
+        two_stage=TINY,
+        cache_dir=built["cache"],
+        device=torch.device("cpu"),
+        progress=False,
+    )
+    assert again.cached and again.info["key"] == built["target"].info["key"]
+    assert again.info["device"] == "cpu"
+
+
+def test_a_build_from_scratch_refuses_an_accelerator(world: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="two-stage builds"):
+        build_model(world, tmp_path / "m", size="test", device=torch.device("cuda"), progress=False)
+    assert not (tmp_path / "m").exists()
 
 
 def test_an_explicit_base_dir_is_fine_tuned(built: dict, world: Path, tmp_path: Path) -> None:

@@ -38,6 +38,7 @@ from blade_core.bench.settings import (
     parse_list,
     seed_list,
     settings_for,
+    settings_record,
 )
 from blade_core.bench.summary import summarise
 from blade_core.methods import METHOD_NAMES
@@ -58,5 +59,6 @@ __all__ = [
     "run_bench",
     "seed_list",
     "settings_for",
+    "settings_record",
     "summarise",
 ]

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from blade_core.bench.one_run import _run_dir, run_one, split_preset
-from blade_core.bench.settings import RESULTS_VERSION, BenchPlan, Log
+from blade_core.bench.settings import RESULTS_VERSION, BenchPlan, Log, settings_record
 from blade_core.build_common import dir_lock
 
 # settings that change which runs a bench makes, not what one run computes (kept out of the cache key)
@@ -29,7 +28,7 @@ def _fingerprint(
     plan: BenchPlan, method: str, multiplier: float | None = None, **extra: Any
 ) -> dict[str, Any]:
     """What must match for a cached run to be reused."""
-    settings = {k: v for k, v in asdict(plan.settings).items() if k not in _PLAN_ONLY_SETTINGS}
+    settings = {k: v for k, v in settings_record(plan.settings).items() if k not in _PLAN_ONLY_SETTINGS}
     return {
         "version": RESULTS_VERSION,
         "target": str(plan.target.resolve()),

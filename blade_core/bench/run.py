@@ -5,7 +5,6 @@ scaled experiments, then write results.json, results.md and the plots."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from blade_core.bench.one_run import evaluate
 from blade_core.bench.parallel import RunSpec, close_pool, run_all
 from blade_core.bench.report import render_markdown, write_plots
 from blade_core.bench.selection import select_multipliers
-from blade_core.bench.settings import ROW_KEYS, BenchPlan, Log
+from blade_core.bench.settings import ROW_KEYS, BenchPlan, Log, settings_record
 from blade_core.bench.stream import plot_stream, run_streams, summarise_stream
 from blade_core.bench.summary import summarise
 from blade_core.evaluation.tofu import gold_reference
@@ -40,7 +39,7 @@ def reference_evals(plan: BenchPlan, log: Log) -> tuple[dict[str, Any], list[dic
         key = {
             "target": str(plan.target.resolve()),
             "gold": str(plan.golds[split].resolve()) if split in plan.golds else None,
-            "settings": asdict(s),
+            "settings": settings_record(s),
             "builds": _builds(plan, split),
         }
         if cached is None or cached.get("key") != key:
@@ -131,7 +130,7 @@ def _run_bench(plan: BenchPlan, log: Log, say: Log, started: float) -> dict[str,
         "summary": [] if stream else summarise(rows),
         "selection": selection,
         "test_world_seeds": [seed] if (seed := world_seed_of(plan.data_dir)) is not None else [],
-        "settings": asdict(plan.settings)
+        "settings": settings_record(plan.settings)
         | {"methods": plan.methods, "splits": plan.splits, "seeds": plan.seeds, "overrides": plan.overrides}
         | {"lr_scale_applied": plan.lr_scale, "sequential": plan.sequential, "scales": plan.scales},
         "data_dir": str(plan.data_dir),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,17 @@ PRESETS: dict[str, BenchSettings] = {
         lr_grid=(0.25, 1.0, 4.0),
     ),
 }
+
+
+# Fields added after results were published, with the value every earlier run had: left out of a run's
+# record while they hold it, so earlier results.json files and cached runs still compare equal
+# (`blade bench-merge`, the run cache).
+_LATER_FIELDS: dict[str, Any] = {"build_device": "cpu"}
+
+
+def settings_record(settings: BenchSettings) -> dict[str, Any]:
+    """`settings` as results.json and the run cache record them."""
+    return {k: v for k, v in asdict(settings).items() if _LATER_FIELDS.get(k, object()) != v}
 
 
 def seed_list(n: int) -> list[int]:

@@ -366,6 +366,8 @@ def _check_build_device(name: str) -> None:
     """`--build-device`: the CPU, or an accelerator torch can see here."""
     import torch
 
+    from blade_service.cli.main import CliError
+
     try:
         device = torch.device(name)
     except RuntimeError:
