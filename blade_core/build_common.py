@@ -124,13 +124,13 @@ def numerics(device: torch.device | None = None) -> dict[str, Any]:
     of weights on every machine that builds it; `build_info.json` records the key. The MKL setting and the
     device enter only when set, so keys made without them keep their value."""
     mkl = mkl_settings()
-    accelerator = device is not None and device.type != "cpu"
+    accelerator = {"device": device_name(device)} if device is not None and device.type != "cpu" else {}
     return {
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "cpu": cpu_identity(),
         **({"mkl": mkl} if mkl else {}),
-        **({"device": device_name(device)} if accelerator else {}),
+        **accelerator,
     }
 
 

@@ -277,7 +277,8 @@ def pretrain_base(
         texts = corpus_texts(recipe, "</s>")
         tokenizer = train_tokenizer(texts, vocab_size=recipe.vocab_size)
         examples = [(tokenizer(t)["input_ids"], 1) for t in texts]  # plain LM loss on every token
-        model = new_llama(tokenizer, recipe.size, seed=seed).to(device or "cpu")
+        model: torch.nn.Module = new_llama(tokenizer, recipe.size, seed=seed)
+        model.to(device or torch.device("cpu"))
         steps = math.ceil(len(examples) / recipe.batch_size) * recipe.epochs
         tokens = sum(len(ids) for ids, _ in examples)
         say(
