@@ -406,6 +406,50 @@ def test_bench_rejects_unknown_methods_and_splits(small_world, tmp_path, capsys)
     assert "unknown split forget42" in capsys.readouterr().err
 
 
+def test_a_method_field_set_on_the_command_line_reaches_every_run_of_it(
+    one_process_bench, small_world, validation_world, tmp_path
+):
+    """`--set grad_diff.batch_size=2`: the selection run and the test run both train on 2-row micro-batches
+    (fewer forget rows per step than the same runs without it), and results.json and each run's cache
+    fingerprint record the field, so a run cached without it is never reused."""
+    out = tmp_path / "set"
+    argv = (
+        "--methods",
+        "grad_diff",
+        "--lr-grid",
+        "1",
+        "--lr-grid-extend",
+        "0",
+        "--set",
+        "grad_diff.batch_size=2",
+    )
+    assert _bench(small_world, validation_world, out, *argv) == 0
+    assert json.loads((out / "results.json").read_text())["settings"]["overrides"] == {
+        "grad_diff": {"batch_size": 2}
+    }
+    runs = sorted(out.glob("**/runs/grad_diff/forget10/seed42/**/row.json"))
+    assert len(runs) == 2  # the selection's and the test's
+    default = one_process_bench[0] / "runs" / "grad_diff" / "forget10" / "seed42"
+    rows_seen = json.loads((default / "history.json").read_text())[-1]["forget_rows_seen"]
+    for row in runs:
+        assert json.loads(row.read_text())["fingerprint"]["overrides"] == {"batch_size": 2}
+        history = json.loads((row.parent / "history.json").read_text())
+        assert history[-1]["forget_rows_seen"] < rows_seen
+
+
+def test_bench_refuses_a_set_it_cannot_apply(tmp_path, capsys):
+    for item, message in (
+        ("blade.tau", "expected METHOD.FIELD=VALUE"),
+        ("npo.beta=0.1", "'npo' is not one of this bench's methods"),
+        ("blade.nope=1", "unknown parameter 'nope' for method 'blade'"),
+        ("blade.tau=1.5", "BladeConfig.tau"),
+    ):
+        argv = ["bench", "--synthetic", "--methods", "blade", "--set", item, "--out", str(tmp_path)]
+        assert main(argv) == 2, item
+        assert message in capsys.readouterr().err, item
+    assert not any(tmp_path.iterdir())
+
+
 def test_bench_refuses_a_build_device_it_cannot_use(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as here and in CI, also on a GPU box
     assert main(["bench", "--synthetic", "--build-device", "cuda", "--out", str(tmp_path)]) == 2

@@ -8,6 +8,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -102,6 +103,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--build-device",
         help="where the target and gold models train: cpu (default) or an accelerator, e.g. cuda",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="METHOD.FIELD=VALUE",
+        help="a config field of one method for all its runs, selection included, e.g. blade.grad_accum=1 "
+        "(repeatable; recorded in results.json, and a run cached without it is not reused)",
     )
     p.add_argument("--eval-max-rows", type=int, help="rows per evaluation set (default: the preset's)")
     p.add_argument("--target", type=Path, help="--data: the target model dir (default: build it from --data)")
@@ -234,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
     if args.lr_scale is not None and not args.lr_scale > 0:
         raise CliError(f"--lr-scale must be > 0, got {args.lr_scale}")
     methods = bench.parse_list(args.methods, bench.METHOD_NAMES, "method")
+    overrides = _method_overrides(args.set, methods)
     splits = bench.parse_list(args.splits, bench.SPLITS, "split")
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     box = machine()
@@ -313,6 +323,7 @@ def run(args: argparse.Namespace) -> int:
         scales=scales,
         select_on=args.select_on,
         jobs=args.jobs or os.cpu_count() or 1,
+        overrides=overrides,
     )
     try:
         bench.run_bench(plan, log)
@@ -332,6 +343,9 @@ def _run_text(args: argparse.Namespace) -> int:
         raise CliError(f"--suite {args.suite} synthesises its own text world; --data is for --suite tofu")
     if args.seed_list is not None:
         raise CliError(f"--seed-list goes with --suite tofu; --suite {args.suite} takes --seeds N")
+    for flag, given in (("--set", args.set), ("--build-device", args.build_device)):
+        if given:
+            raise CliError(f"{flag} goes with --suite tofu")
     for name in ("seeds", "max_steps", "eval_max_rows"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -360,6 +374,29 @@ def _run_text(args: argparse.Namespace) -> int:
         f"{len(results['rows'])} runs in {results['time_s']} s; {args.out / 'results.json'}", file=sys.stderr
     )
     return 0
+
+
+def _method_overrides(items: list[str], methods: list[str]) -> dict[str, dict[str, Any]]:
+    """`--set METHOD.FIELD=VALUE` items as {method: {field: value}}, checked as a request's params are."""
+    from blade_service.cli.main import CliError
+    from blade_service.contracts.errors import ParamError
+    from blade_service.contracts.params import check_params
+
+    given: dict[str, dict[str, str]] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        method, dot, name = key.partition(".")
+        if not (eq and dot and method and name):
+            raise CliError(f"--set {item!r}: expected METHOD.FIELD=VALUE, e.g. blade.grad_accum=1")
+        if method not in methods:
+            raise CliError(
+                f"--set {item!r}: {method!r} is not one of this bench's methods ({', '.join(methods)})"
+            )
+        given.setdefault(method, {})[name] = value
+    try:
+        return {method: check_params(method, fields, text=True) for method, fields in given.items()}
+    except ParamError as exc:
+        raise CliError(f"--set: {exc}") from None
 
 
 def _check_build_device(name: str) -> None:
