@@ -69,7 +69,7 @@ def prepare_models(
             size=settings.model_size,
             cache_dir=cache,
             pretrain=settings.pretrained,
-            device=None if settings.build_device == "cpu" else torch.device(settings.build_device),
+            device=torch.device(settings.build_device),
             progress=progress,
             log=log,
         )
