@@ -227,6 +227,24 @@ def test_bench_selects_on_the_validation_world_then_reports_on_the_test_world(
     assert selection_row.stat().st_mtime_ns == selection_written
 
 
+def test_the_selection_seed_count_stays_out_of_a_runs_fingerprint(small_world, tmp_path):
+    """`--selection-seeds N` decides which validation runs a bench makes, not what seed 42's run computes, so a
+    run cached under one count is reused under another; a setting that changes the arithmetic is not."""
+    from blade_core.bench.cache import _fingerprint
+
+    data, target, _ = small_world
+    settings = bench.settings_for(True)
+    plan = bench.BenchPlan(
+        data_dir=data, target=target, golds={}, out_dir=tmp_path, methods=["npo"], splits=["forget05"],
+        seeds=[42], settings=settings,
+    )  # fmt: skip
+    key = _fingerprint(plan, "npo")
+    three = dataclasses.replace(plan, settings=dataclasses.replace(settings, selection_seeds=3))
+    assert _fingerprint(three, "npo") == key
+    shorter = dataclasses.replace(plan, settings=dataclasses.replace(settings, max_length=128))
+    assert _fingerprint(shorter, "npo") != key
+
+
 def test_a_run_knows_its_torch_thread_count(small_world, monkeypatch, tmp_path):
     """Floats depend on the thread count, so a run's fingerprint names it, and a lone run of a `--jobs 2`
     bench (made in the calling process) runs on the count a pool worker would have, not the caller's."""

@@ -20,6 +20,7 @@ _PLAN_ONLY_SETTINGS = (
     "lr_grid_extend",
     "validation_world_seed",
     "selection_split",
+    "selection_seeds",
     "sequential_split",
 )
 
