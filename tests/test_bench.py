@@ -228,8 +228,8 @@ def test_bench_selects_on_the_validation_world_then_reports_on_the_test_world(
 
 
 def test_the_selection_seed_count_stays_out_of_a_runs_fingerprint(small_world, tmp_path):
-    """`--selection-seeds N` decides which validation runs a bench makes, not what seed 42's run computes, so a
-    run cached under one count is reused under another; a setting that changes the arithmetic is not."""
+    """`--selection-seeds N` decides which validation runs a bench makes, not what seed 42's run computes, so
+    a run cached under one count is reused under another; a setting that changes the arithmetic is not."""
     from blade_core.bench.cache import _fingerprint
 
     data, target, _ = small_world
