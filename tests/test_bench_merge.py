@@ -94,6 +94,22 @@ def test_methods_run_apart_keep_each_multiplier_and_validation_score():
     assert {e["method"] for e in merged["summary_step"]} == {"blade", "grad_diff"}
 
 
+def test_a_merge_can_keep_only_the_seeds_every_method_ran():
+    """Methods run at different seeds are compared like for like: `only_seeds` drops the other seeds' runs
+    from the rows, the summary and the settings; a seed no input ran is refused."""
+    blade = _results("blade", 1.0, [42, 456], {42: 0.5, 456: 0.6})
+    grad_diff = _results("grad_diff", 0.25, [42, 123, 456], {42: 0.4, 123: 0.9, 456: 0.3})
+    merged = merge_results([blade, grad_diff], ["a", "b"], only_seeds=[456, 42])
+
+    assert merged["settings"]["seeds"] == [42, 456]
+    assert {r["seed"] for r in merged["rows"]} == {42, 456} and len(merged["rows"]) == 8
+    last = next(e for e in merged["summary_step"] if e["step"] == 2 and e["method"] == "grad_diff")
+    assert last["n"] == 2 and last["HM_all"]["mean"] == pytest.approx(statistics.mean([0.6, 0.5]))
+
+    with pytest.raises(MergeError, match="seed 789: no input ran it"):
+        merge_results([blade, grad_diff], ["a", "b"], only_seeds=[42, 789])
+
+
 def _split_results(split: str, gold: str) -> dict[str, Any]:
     """A grid results.json (one split, two seeds) as an invocation with `--splits SPLIT` writes it."""
     result = _results("grad_diff", 0.25, [42, 123], {42: 0.5, 123: 0.6})

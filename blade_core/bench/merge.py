@@ -134,8 +134,11 @@ def _wall_s(result: dict[str, Any]) -> float:
     return float(sum(wall.values()) if isinstance(wall, dict) else wall)
 
 
-def merge_results(results: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:
-    """One results.json from several (`names` say where each came from, for messages and `sources`)."""
+def merge_results(
+    results: Sequence[dict[str, Any]], names: Sequence[str], *, only_seeds: Sequence[int] | None = None
+) -> dict[str, Any]:
+    """One results.json from several (`names` say where each came from, for messages and `sources`);
+    `only_seeds` keeps those seeds' runs alone, so methods run at different seeds compare like for like."""
     if len(results) < 2:
         raise MergeError("bench-merge joins two or more results.json")
     first, a = results[0], names[0]
@@ -161,6 +164,11 @@ def merge_results(results: Sequence[dict[str, Any]], names: Sequence[str]) -> di
     methods = list(dict.fromkeys(m for r in results for m in r["settings"]["methods"]))
     splits = [sp for sp in SPLITS if any(sp in r["settings"]["splits"] for r in results)]
     seeds = sorted({s for r in results for s in r["settings"]["seeds"]}, key=_seed_order)
+    if only_seeds is not None:
+        if missing := [s for s in only_seeds if s not in seeds]:
+            raise MergeError(f"seed {missing[0]}: no input ran it (they ran {', '.join(map(str, seeds))})")
+        seeds = sorted(only_seeds, key=_seed_order)
+        rows = {run: row for run, row in rows.items() if row["seed"] in seeds}
     ordered = sorted(
         rows.values(),
         key=lambda r: (methods.index(r["method"]), r["split"], _seed_order(r["seed"]), r.get("step") or 0),

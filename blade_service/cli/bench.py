@@ -157,6 +157,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "inputs", nargs="+", type=Path, help="results.json files, or the --out directories of bench runs"
     )
     m.add_argument("--out", type=Path, required=True, help="output directory")
+    m.add_argument(
+        "--seed-list", help="keep only these seeds' runs, e.g. the seeds every method ran (default: all)"
+    )
     m.set_defaults(func=merge)
 
 
@@ -419,7 +422,8 @@ def merge(args: argparse.Namespace) -> int:
     from blade_core.bench.merge import load_results, merge_results, write_merged
 
     paths = [p / "results.json" if p.is_dir() else p for p in args.inputs]
-    merged = merge_results([load_results(p) for p in paths], [str(p) for p in paths])
+    only_seeds = _seed_list(args.seed_list, None)
+    merged = merge_results([load_results(p) for p in paths], [str(p) for p in paths], only_seeds=only_seeds)
     for path in write_merged(args.out, merged):
         print(path)
     seeds = ", ".join(map(str, merged["settings"]["seeds"]))
