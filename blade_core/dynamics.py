@@ -101,6 +101,8 @@ class ConvergenceMonitor(_State):
     quiet: |vel_t| < 1% of max|vel| or ema_t < 2% of L_fgt_1;
     patience (as the reference): on a step whose prerequisites hold, a quiet step counts one and a loud step
     resets the count; a step whose prerequisites fail leaves the count as it is. Stop when count >= patience.
+    With `needs_retain_met` (not in the reference; off by default) a step is quiet only if also r <= 0, so the
+    stop waits until retain repair has held for the whole patience window.
     """
 
     beta: float = 0.15
@@ -110,6 +112,7 @@ class ConvergenceMonitor(_State):
     drop_needed: float = 0.5
     flat_velocity: float = 0.01
     low_loss: float = 0.02
+    needs_retain_met: bool = False
     first: float | None = None
     ema: float | None = None
     vel: float = 0.0
@@ -153,7 +156,7 @@ class ConvergenceMonitor(_State):
             self.t_trans = step - (self.trans_run - 1)
         if self.ready(step):
             flat = abs(self.vel) < self.flat_velocity * self.vel_peak
-            quiet = flat or self.ema < self.low_loss * self.first
+            quiet = (flat or self.ema < self.low_loss * self.first) and (r <= 0 or not self.needs_retain_met)
             self.quiet_steps = self.quiet_steps + 1 if quiet else 0
         self.converged = self.quiet_steps >= self.patience
         return self.converged

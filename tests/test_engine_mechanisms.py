@@ -378,6 +378,21 @@ def test_patience_is_frozen_not_reset_while_the_prerequisites_lapse():
     assert ready.quiet_steps == 0
 
 
+def test_opt_in_stop_waits_for_retain_repair_over_the_whole_patience_window():
+    # a seed-789-like run: forget loss near 0 early, T_trans at step 5, r hovering around 0 after it
+    losses = [10.0] + [0.01] * 99
+    r = [0.0] * 4 + [2.0] * 3 + [0.1, -0.05] * 15 + [-0.02] * 63
+    reference, stop_ref = _run_monitor(losses, r)
+    assert reference.t_trans == 5 and stop_ref == 33  # the reference stops while r > 0 on half its window
+    assert sum(rt > 0 for rt in r[stop_ref - 8 : stop_ref]) == 4
+    strict = ConvergenceMonitor(needs_retain_met=True)
+    for t, (loss, rt) in enumerate(zip(losses, r, strict=True), start=1):
+        if strict.update(t, loss, rt, 1.0):
+            break
+    # each r > 0 step reset the count: it stops on the 8th step of the run of r <= 0 that starts at step 37
+    assert strict.converged and t == 37 + 7 and all(rt <= 0 for rt in r[t - 8 : t])
+
+
 def test_no_patience_without_an_observed_peak_velocity():
     mon = ConvergenceMonitor(patience=2, t_trans=1, first=10.0, ema=0.1, vel=0.0, vel_peak=0.0)
     for t in range(2, 6):

@@ -234,7 +234,9 @@ def train(task: UnlearnTask, cfg: BladeConfig) -> RunResult:
         lam=cfg.lambda0,
         epsilon=cfg.epsilon,
         calibrator=LrCalibrator(cfg.max_steps),
-        monitor=ConvergenceMonitor(beta=cfg.ema_beta, patience=cfg.patience),
+        monitor=ConvergenceMonitor(
+            beta=cfg.ema_beta, patience=cfg.patience, needs_retain_met=cfg.stop_needs_retain_met
+        ),
         history=[],
     )
     ckpt_objects: dict[str, Any] = {

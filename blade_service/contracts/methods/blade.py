@@ -64,6 +64,9 @@ class BladeConfig(MethodConfig):
     patience: Annotated[
         int, Field(ge=1, le=100_000, description="steps the convergence condition must hold")
     ] = 8  # reference; 20 for MUSE/KnowUnDo
+    stop_needs_retain_met: Annotated[
+        bool, Field(description="the convergence stop also needs r <= 0 on each of its patience steps")
+    ] = False  # not in the reference (which stops with retain repair unfinished); docs/performance.md
     ema_beta: Annotated[float, Field(gt=0, le=1, description="EMA weight of L_fgt and its velocity")] = (
         0.15  # reference
     )
