@@ -6,6 +6,7 @@ outer losses in two forward/backward passes (as `outer_step` runs them) vs one p
 
     .venv/bin/python benchmarks/engine.py                # defaults below; --help for sizes
     .venv/bin/python benchmarks/engine.py --device cuda  # CUDA peak allocated memory instead of RSS
+    ... --compile reduce-overhead                        # every decoder layer under torch.compile
 
 Every measurement runs in a fresh subprocess. On the CPU, peak memory is the process's peak RSS (ru_maxrss)
 minus its RSS once the model and data are built, so gradients, optimiser state and activations count: the
@@ -102,6 +103,9 @@ def _model_and_data(args: argparse.Namespace, device: torch.device):
     model = LlamaForCausalLM(config).to(device=device, dtype=dtype)
     if device.type == "cuda":
         enable_activation_checkpointing(model)
+    if args.compile:  # lazily, at the first forward: after BLADE's LoRA is attached; the warm-up step pays
+        for layer in model.model.layers:
+            layer.compile(mode=args.compile)
     n_rows = args.batch * 8
     ids = torch.randint(3, args.vocab, (n_rows, args.seq))
     rows = [ids[i].tolist() for i in range(n_rows)]
@@ -462,6 +466,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=80,
         help="BLADE outer steps to its convergence stop (read it off the bench's history.json)",
+    )
+    p.add_argument(
+        "--compile",
+        choices=("default", "reduce-overhead", "max-autotune"),
+        help="torch.compile every decoder layer in this mode (reduce-overhead: CUDA graphs on a GPU)",
     )
     p.add_argument("--skip-steps", action="store_true", help="only the entropy comparison")
     p.add_argument("--skip-entropy", action="store_true", help="only the step comparison")

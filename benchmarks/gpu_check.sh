@@ -20,7 +20,8 @@
 #   .venv/bin/python -c "from blade_core.demo import ensure_demo_model; ensure_demo_model('.devrun/demo')"
 # WHEELS: a folder of wheels the device's Python lacks (the service's dependencies, for Python 3.12, and
 # opentelemetry-api, which fastapi 0.165 imports), installed into /tmp/site first. BUDGET: seconds the whole
-# run may take. ENGINE=0 skips step 1 (on the H200 it took 50 s; the bench needs 8-9 minutes to finish).
+# run may take. ENGINE=0 skips step 1 (on the H200 it took 50 s; the bench needs 8-9 minutes to finish);
+# COMPILE=1 adds to it 16 x 1 under torch.compile's reduce-overhead mode (up to 195 s more).
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for the results}
 PY=${PY:-python3}
@@ -33,6 +34,7 @@ SIZE=${SIZE:-large}     # the bench's --model-size
 BUILD=${BUILD:-cuda}    # the bench's --build-device
 JOBS=${JOBS:-12}        # the bench's --jobs
 ENGINE=${ENGINE:-1}
+COMPILE=${COMPILE:-0}   # 1: step 1 also runs 16 x 1 with every decoder layer compiled (CUDA graphs)
 start=$SECONDS
 WORK=/tmp/gpu-check
 rm -rf "$WORK" && mkdir -p "$OUT" "$WORK"
@@ -58,10 +60,13 @@ fi
 left() { echo $((BUDGET - (SECONDS - start))); }
 
 echo "== 1. engine benchmark on $DEVICE: 4 x 4 rows, then 16 x 1 =="
-[ "$ENGINE" = 0 ] || for shape in "4 4" "16 1"; do
+shapes=("4 4" "16 1")
+[ "$COMPILE" = 0 ] || shapes+=("16 1 reduce-overhead")
+[ "$ENGINE" = 0 ] || for shape in "${shapes[@]}"; do
     set -- $shape
-    timeout 75 "$PY" benchmarks/engine.py --device "$DEVICE" --steps "$ENGINE_STEPS" --skip-entropy \
-        --batch "$1" --grad-accum "$2" --json "$WORK/engine-batch$1-accum$2.json" 2>&1 | tee -a "$WORK/engine.txt"
+    timeout $((${3:+120} + 75)) "$PY" benchmarks/engine.py --device "$DEVICE" --steps "$ENGINE_STEPS" \
+        --skip-entropy --batch "$1" --grad-accum "$2" ${3:+--compile "$3"} \
+        --json "$WORK/engine-batch$1-accum$2${3:+-$3}.json" 2>&1 | tee -a "$WORK/engine.txt"
 done
 save
 
