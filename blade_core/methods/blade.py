@@ -10,7 +10,8 @@ Per outer step t (one visible loop in `train`):
   4. `recover`: while L_ret > 2*epsilon, up to 3K extra inner steps, re-measuring L_ret without gradient;
      r_recovered = L_ret_recovered - epsilon (None when recovery did not run);
   5. collapse guard (L_ret > 10 -> stop, failure), then LR calibration, phase transition T_trans and the
-     convergence stop (`blade_core.dynamics`), all fed the post-recovery residual (r_recovered, else r).
+     convergence stop (`blade_core.dynamics`), all fed the post-recovery residual (r_recovered, else r);
+     `stop_needs_retain_met` (opt-in, not the reference) makes the stop also wait for r <= 0.
 epsilon is automatic: the first inner loop (which stands in for step 1's) gives epsilon = eps_mul * mean loss.
 history.json keeps both residuals: `r` (what the dual update used) and `r_recovered`.
 

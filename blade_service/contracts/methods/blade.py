@@ -66,7 +66,7 @@ class BladeConfig(MethodConfig):
     ] = 8  # reference; 20 for MUSE/KnowUnDo
     stop_needs_retain_met: Annotated[
         bool, Field(description="the convergence stop also needs r <= 0 on each of its patience steps")
-    ] = False  # not in the reference (which stops with retain repair unfinished); docs/performance.md
+    ] = False  # not in the reference, whose stop can fire with retain repair unfinished: docs/results.md
     ema_beta: Annotated[float, Field(gt=0, le=1, description="EMA weight of L_fgt and its velocity")] = (
         0.15  # reference
     )
