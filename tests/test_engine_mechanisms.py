@@ -305,8 +305,8 @@ def test_calibration_halves_after_a_violation_before_the_calibration_step():
 # ------------------------------------------------------------------------------------------------ convergence
 
 
-def _run_monitor(losses, r, eps=1.0, patience=8):
-    mon = ConvergenceMonitor(patience=patience)
+def _run_monitor(losses, r, eps=1.0, patience=8, needs_retain_met=False):
+    mon = ConvergenceMonitor(patience=patience, needs_retain_met=needs_retain_met)
     for t, (loss, rt) in enumerate(zip(losses, r, strict=True), start=1):
         if mon.update(t, loss, rt, eps):
             return mon, t
@@ -385,10 +385,7 @@ def test_opt_in_stop_waits_for_retain_repair_over_the_whole_patience_window():
     reference, stop_ref = _run_monitor(losses, r)
     assert reference.t_trans == 5 and stop_ref == 33  # the reference stops while r > 0 on half its window
     assert sum(rt > 0 for rt in r[stop_ref - 8 : stop_ref]) == 4
-    strict = ConvergenceMonitor(needs_retain_met=True)
-    for t, (loss, rt) in enumerate(zip(losses, r, strict=True), start=1):
-        if strict.update(t, loss, rt, 1.0):
-            break
+    strict, t = _run_monitor(losses, r, needs_retain_met=True)
     # each r > 0 step reset the count: it stops on the 8th step of the run of r <= 0 that starts at step 37
     assert strict.converged and t == 37 + 7 and all(rt <= 0 for rt in r[t - 8 : t])
 
