@@ -12,7 +12,7 @@ import json
 import os
 import random
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,48 @@ def has_checkpoint(directory: str | Path | None) -> bool:
 def config_fingerprint(config: Any) -> Any:
     """The config as plain JSON (tuples as lists) minus `checkpoint_every`: what a checkpoint must match."""
     return json.loads(json.dumps({k: v for k, v in asdict(config).items() if k != "checkpoint_every"}))
+
+
+def _default(field: Any) -> Any:
+    if field.default is not MISSING:
+        return field.default
+    if field.default_factory is not MISSING:
+        return field.default_factory()
+    return MISSING
+
+
+def config_mismatch(saved: Mapping[str, Any] | None, config: Any) -> list[str]:
+    """The fields on which a checkpoint's fingerprint and `config` disagree, as "name: saved -> now".
+
+    A field the saved fingerprint lacks was added to the config after the checkpoint was written (an upgrade
+    deployed while a request was paused); it matches when its value now is its default, which is why a new
+    field must default to the behaviour the code had before it. A field the fingerprint holds and the config
+    no longer has never matches: the code that read it is gone.
+    """
+    if saved is None:
+        return ["(the checkpoint records no config)"]
+    now = config_fingerprint(config)
+    defaults = {f.name: _default(f) for f in fields(config)}
+    diffs = []
+    for name in sorted(set(now) | set(saved)):
+        if name not in now:
+            diffs.append(f"{name}: {saved[name]!r} -> (no longer a setting)")
+        elif name not in saved:
+            default = defaults[name]
+            if default is MISSING or now[name] != json.loads(json.dumps(default)):
+                diffs.append(f"{name}: (not a setting then; its default) -> {now[name]!r}")
+        elif saved[name] != now[name]:
+            diffs.append(f"{name}: {saved[name]!r} -> {now[name]!r}")
+    return diffs
+
+
+def check_config(saved: Mapping[str, Any] | None, config: Any, directory: str | Path) -> None:
+    """Raise if the checkpoint in `directory` was written under settings other than `config`'s."""
+    diffs = config_mismatch(saved, config)
+    if diffs:
+        raise ValueError(
+            f"{directory}: the checkpoint was written by a run with another config ({'; '.join(diffs)})"
+        )
 
 
 def rng_state() -> dict[str, Any]:

@@ -3,11 +3,13 @@ and the same history as an uninterrupted one."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from blade_core.checkpoint import has_checkpoint
+from blade_core.checkpoint import checkpoint_path, config_mismatch, has_checkpoint
 from blade_core.methods.base import Hooks
 from blade_core.unlearn import run_unlearning
 
@@ -88,7 +90,7 @@ def test_resume_refuses_a_checkpoint_of_another_config(engine_world, tmp_path):
         hooks=Hooks(checkpoint_dir=ckpt),
     )
     assert has_checkpoint(ckpt)
-    with pytest.raises(ValueError, match="another config"):
+    with pytest.raises(ValueError, match=r"another config \(tau: 0\.7 -> 0\.5\)"):
         run_unlearning(
             model=engine_world.model,
             forget=engine_world.forget,
@@ -115,3 +117,59 @@ def test_resume_with_tuple_fields_in_the_config(engine_world, tmp_path):
         out_dir=tmp_path / "b", hooks=Hooks(checkpoint_dir=ckpt, on_step=seen.append), **kwargs
     )
     assert [r["step"] for r in seen] == [4] and len(out.history) == 4
+
+
+def _checkpoint_without(ckpt, field):
+    """Rewrite the checkpoint as a build that did not have `field` yet would have written it."""
+    payload = torch.load(checkpoint_path(ckpt), weights_only=True)
+    del payload["state"]["config"][field]
+    torch.save(payload, checkpoint_path(ckpt))
+
+
+def test_resume_across_an_upgrade_that_added_a_config_field(engine_world, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    kwargs = {
+        "model": engine_world.model,
+        "forget": engine_world.forget,
+        "retain": engine_world.retain,
+        "max_steps": 4,
+    }
+    run_unlearning(out_dir=tmp_path / "a", overrides=SETTINGS, hooks=Hooks(checkpoint_dir=ckpt), **kwargs)
+    _checkpoint_without(ckpt, "stop_needs_retain_met")
+    added_later = r"stop_needs_retain_met: \(not a setting then; its default\) -> True"
+    with pytest.raises(ValueError, match=added_later):
+        run_unlearning(
+            out_dir=tmp_path / "b",
+            overrides={**SETTINGS, "stop_needs_retain_met": True},
+            hooks=Hooks(checkpoint_dir=ckpt),
+            **kwargs,
+        )
+    seen = []
+    out = run_unlearning(
+        out_dir=tmp_path / "c",
+        overrides=SETTINGS,
+        hooks=Hooks(checkpoint_dir=ckpt, on_step=seen.append),
+        **kwargs,
+    )
+    assert [r["step"] for r in seen] == [4] and len(out.history) == 4
+
+
+@dataclass
+class _Config:
+    lr: float = 1e-3
+    modules: tuple[str, ...] = ("q", "v")
+    checkpoint_every: int = 10
+
+
+def test_config_mismatch_names_each_field():
+    now = _Config()
+    assert config_mismatch({"lr": 1e-3, "modules": ["q", "v"]}, now) == []
+    assert config_mismatch({"lr": 1e-3}, now) == []  # `modules` added later, at its default
+    assert config_mismatch({"lr": 1e-3}, _Config(modules=("q",))) == [
+        "modules: (not a setting then; its default) -> ['q']"
+    ]
+    assert config_mismatch({"lr": 2e-3, "modules": ["q", "v"], "beta": 0.9}, now) == [
+        "beta: 0.9 -> (no longer a setting)",
+        "lr: 0.002 -> 0.001",
+    ]
+    assert config_mismatch(None, now) == ["(the checkpoint records no config)"]

@@ -37,7 +37,13 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from tqdm.auto import tqdm
 
-from blade_core.checkpoint import config_fingerprint, has_checkpoint, load_checkpoint, save_checkpoint
+from blade_core.checkpoint import (
+    check_config,
+    config_fingerprint,
+    has_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from blade_core.data import BatchStream
 from blade_core.methods.base import RunResult, RunStatus, UnlearnTask
 from blade_service.contracts.methods.baselines import (
@@ -223,10 +229,7 @@ def run_loop(
     elapsed_before = 0.0
     if hooks.checkpoint_dir is not None and has_checkpoint(hooks.checkpoint_dir):
         saved = load_checkpoint(hooks.checkpoint_dir, **ckpt_objects)
-        if saved.get("config") != config_fingerprint(config):
-            raise ValueError(
-                f"{hooks.checkpoint_dir}: the checkpoint was written by a run with another config"
-            )
+        check_config(saved.get("config"), config, hooks.checkpoint_dir)
         history, elapsed_before = saved["history"], saved["elapsed_s"]
         state.update(saved["method_state"])
     status: RunStatus = "max_steps"

@@ -35,7 +35,13 @@ from typing import Any
 
 import torch
 
-from blade_core.checkpoint import config_fingerprint, has_checkpoint, load_checkpoint, save_checkpoint
+from blade_core.checkpoint import (
+    check_config,
+    config_fingerprint,
+    has_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from blade_core.data import BatchStream
 from blade_core.dynamics import ConvergenceMonitor, LrCalibrator
 from blade_core.head import final_hidden, split_head
@@ -248,10 +254,7 @@ def train(task: UnlearnTask, cfg: BladeConfig) -> RunResult:
     config_key = config_fingerprint(cfg)
     if hooks.checkpoint_dir is not None and has_checkpoint(hooks.checkpoint_dir):
         saved = load_checkpoint(hooks.checkpoint_dir, **ckpt_objects)
-        if saved.get("config") != config_key:
-            raise ValueError(
-                f"{hooks.checkpoint_dir}: the checkpoint was written by a run with another config"
-            )
+        check_config(saved.get("config"), cfg, hooks.checkpoint_dir)
         state.load(saved["loop"])
 
     status: RunStatus = "max_steps"
