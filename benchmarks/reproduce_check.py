@@ -1,6 +1,6 @@
-"""Does this box reproduce a recorded bench? Compares the runs a bench has finished so far (its cached
-`row.json` files, so it works while the bench is still running) with the rows and the selection of recorded
-`results.json` files, metric by metric, to the last digit.
+"""Does this box reproduce a recorded bench? Compares what a bench has finished so far (its cached `row.json`
+files and the target's and gold's evaluations, so it works while the bench is still running) with the rows,
+reference rows and selection of recorded `results.json` files, metric by metric, to the last digit.
 
     .venv/bin/python benchmarks/reproduce_check.py --out out/full --selection .cache/bench/selection \\
         docs/results_data/default-forget05-5seeds-16rows.json \\
@@ -27,6 +27,11 @@ def finished_rows(out: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text())["row"] for p in sorted(out.glob("runs/*/*/seed*/row.json"))]
 
 
+def finished_reference(out: Path) -> list[dict[str, Any]]:
+    """The target's and golds' rows the bench has evaluated (`out/reference/<split>.json`)."""
+    return [row for p in sorted(out.glob("reference/*.json")) for row in json.loads(p.read_text())["rows"]]
+
+
 def finished_selection(root: Path) -> dict[tuple[str, float], float | None]:
     """(method, multiplier) -> validation HM of the selection runs cached under `root`."""
     found = {}
@@ -40,18 +45,20 @@ def _key(row: dict[str, Any]) -> tuple[str, str, int]:
     return row["method"], row["split"], int(row["seed"])
 
 
-def compare(got: dict[str, Any], want: dict[str, Any]) -> tuple[float, str]:
-    """The largest |got - want| over the metrics, and which metric it is on ("" when all are equal)."""
+def verdict(got: dict[str, Any], want: dict[str, Any] | None) -> str:
+    """ "same", "not recorded", or the largest |got - want| over the metrics and which metric it is on."""
+    if want is None:
+        return "not recorded"
     worst, where = 0.0, ""
     for name in METRICS:
         a, b = got.get(name), want.get(name)
         if a is None or b is None:
             if a != b:
-                return float("inf"), name
+                return f"differs on {name}: {a} vs {b}"
             continue
         if abs(a - b) > worst:
             worst, where = abs(a - b), name
-    return worst, where
+    return f"differs on {where} by {worst:.3g}" if where else "same"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,37 +70,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--selection", type=Path, help="the bench cache's selection dir")
     args = parser.parse_args(argv)
 
-    recorded_rows: dict[tuple[str, str, int], dict[str, Any]] = {}
-    recorded_hm: dict[tuple[str, float], float | None] = {}
+    recorded: dict[tuple[Any, ...], dict[str, Any]] = {}
     for path in args.recorded:
         results = json.loads(path.read_text())
         for row in results["rows"]:
             if row.get("step") is None and row.get("scale") is None:  # single requests only
-                recorded_rows.setdefault(_key(row), row)
+                recorded.setdefault(_key(row), row)
+        for row in results.get("reference", []):
+            recorded.setdefault((row["model"], row["split"]), row)
         for method, hms in results.get("selection", {}).get("validation_hm", {}).items():
             for multiplier, hm in hms.items():
-                recorded_hm.setdefault((method, float(multiplier)), hm)
+                recorded.setdefault(("selection", method, f"x{float(multiplier):g}"), {"HM": hm})
 
-    differ = same = 0
+    found: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+        ((row["model"], row["split"]), row) for row in finished_reference(args.out)
+    ]
     if args.selection is not None:
-        for (method, multiplier), hm in finished_selection(args.selection).items():
-            want = recorded_hm.get((method, multiplier), "missing")
-            verdict = "not recorded" if want == "missing" else "same" if hm == want else f"{hm} vs {want}"
-            differ += verdict not in ("same", "not recorded")
-            same += verdict == "same"
-            print(f"selection {method} x{multiplier:g}: {verdict}")
-    for row in finished_rows(args.out):
-        want_row = recorded_rows.get(_key(row))
-        if want_row is None:
-            print(f"{' '.join(map(str, _key(row)))}: not recorded")
-            continue
-        worst, where = compare(row, want_row)
-        verdict = "same" if not where else f"differs on {where} by {worst:.3g}"
-        differ += verdict != "same"
-        same += verdict == "same"
-        print(f"{' '.join(map(str, _key(row)))}: {verdict}")
-    print(f"{same} same, {differ} different")
-    return 1 if differ else 0
+        found += [
+            (("selection", method, f"x{multiplier:g}"), {"HM": hm})
+            for (method, multiplier), hm in finished_selection(args.selection).items()
+        ]
+    found += [(_key(row), row) for row in finished_rows(args.out)]
+    counts = {"same": 0, "different": 0}
+    for key, row in found:
+        said = verdict(row, recorded.get(key))
+        if said != "not recorded":
+            counts["same" if said == "same" else "different"] += 1
+        print(f"{' '.join(map(str, key))}: {said}")
+    print(f"{counts['same']} same, {counts['different']} different")
+    return 1 if counts["different"] else 0
 
 
 if __name__ == "__main__":
