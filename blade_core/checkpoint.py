@@ -67,13 +67,15 @@ def config_mismatch(saved: Mapping[str, Any] | None, config: Any) -> list[str]:
     return diffs
 
 
-def check_config(saved: Mapping[str, Any] | None, config: Any, directory: str | Path) -> None:
-    """Raise if the checkpoint in `directory` was written under settings other than `config`'s."""
-    diffs = config_mismatch(saved, config)
-    if diffs:
-        raise ValueError(
-            f"{directory}: the checkpoint was written by a run with another config ({'; '.join(diffs)})"
-        )
+class CheckpointMismatch(ValueError):
+    """A checkpoint this run cannot continue: written under another config, or for another model.
+
+    `differences` lists what differs (`config_mismatch`'s "name: saved -> now" lines, or the parameter the
+    model lacks); the message adds the checkpoint's directory."""
+
+    def __init__(self, directory: str | Path, differences: list[str]):
+        self.differences = differences
+        super().__init__(f"{directory}: the checkpoint cannot continue this run ({'; '.join(differences)})")
 
 
 def rng_state() -> dict[str, Any]:
@@ -122,16 +124,20 @@ def load_checkpoint(
     model: torch.nn.Module,
     optimizers: Mapping[str, Any],
     streams: Mapping[str, Any],
+    config: Any,
 ) -> dict[str, Any]:
-    """Restore everything `save_checkpoint` wrote into the given objects; returns the saved `state`."""
-    path = checkpoint_path(directory)
-    payload = torch.load(path, map_location="cpu", weights_only=True)
+    """Restore everything `save_checkpoint` wrote into the given objects; returns the saved `state`.
+
+    Raises CheckpointMismatch, before touching any of them, when the saved `state["config"]` differs from
+    `config` (`config_mismatch`) or the checkpoint holds a parameter the model lacks."""
+    payload = torch.load(checkpoint_path(directory), map_location="cpu", weights_only=True)
+    diffs = config_mismatch(payload["state"].get("config"), config)
+    if diffs:
+        raise CheckpointMismatch(directory, diffs)
     params = dict(model.named_parameters())
     missing = [n for n in payload["weights"] if n not in params]
     if missing:
-        raise ValueError(
-            f"{path}: checkpoint does not match the model (unknown parameters, e.g. {missing[0]})"
-        )
+        raise CheckpointMismatch(directory, [f"the model has no parameter {missing[0]}"])
     with torch.no_grad():
         for name, value in payload["weights"].items():
             params[name].copy_(value.to(params[name].device, params[name].dtype))

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from blade_core.checkpoint import checkpoint_path, config_mismatch, has_checkpoint
+from blade_core.checkpoint import CheckpointMismatch, checkpoint_path, config_mismatch, has_checkpoint
 from blade_core.methods.base import Hooks
 from blade_core.unlearn import run_unlearning
 
@@ -90,7 +90,7 @@ def test_resume_refuses_a_checkpoint_of_another_config(engine_world, tmp_path):
         hooks=Hooks(checkpoint_dir=ckpt),
     )
     assert has_checkpoint(ckpt)
-    with pytest.raises(ValueError, match=r"another config \(tau: 0\.7 -> 0\.5\)"):
+    with pytest.raises(CheckpointMismatch, match=r"cannot continue this run \(tau: 0\.7 -> 0\.5\)"):
         run_unlearning(
             model=engine_world.model,
             forget=engine_world.forget,
@@ -137,7 +137,7 @@ def test_resume_across_an_upgrade_that_added_a_config_field(engine_world, tmp_pa
     run_unlearning(out_dir=tmp_path / "a", overrides=SETTINGS, hooks=Hooks(checkpoint_dir=ckpt), **kwargs)
     _checkpoint_without(ckpt, "stop_needs_retain_met")
     added_later = r"stop_needs_retain_met: \(not a setting then; its default\) -> True"
-    with pytest.raises(ValueError, match=added_later):
+    with pytest.raises(CheckpointMismatch, match=added_later):
         run_unlearning(
             out_dir=tmp_path / "b",
             overrides={**SETTINGS, "stop_needs_retain_met": True},

@@ -38,7 +38,6 @@ import torch
 from tqdm.auto import tqdm
 
 from blade_core.checkpoint import (
-    check_config,
     config_fingerprint,
     has_checkpoint,
     load_checkpoint,
@@ -228,8 +227,7 @@ def run_loop(
     history: list[dict[str, Any]] = []
     elapsed_before = 0.0
     if hooks.checkpoint_dir is not None and has_checkpoint(hooks.checkpoint_dir):
-        saved = load_checkpoint(hooks.checkpoint_dir, **ckpt_objects)
-        check_config(saved.get("config"), config, hooks.checkpoint_dir)
+        saved = load_checkpoint(hooks.checkpoint_dir, **ckpt_objects, config=config)
         history, elapsed_before = saved["history"], saved["elapsed_s"]
         state.update(saved["method_state"])
     status: RunStatus = "max_steps"

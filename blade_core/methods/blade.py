@@ -36,7 +36,6 @@ from typing import Any
 import torch
 
 from blade_core.checkpoint import (
-    check_config,
     config_fingerprint,
     has_checkpoint,
     load_checkpoint,
@@ -253,8 +252,7 @@ def train(task: UnlearnTask, cfg: BladeConfig) -> RunResult:
     }
     config_key = config_fingerprint(cfg)
     if hooks.checkpoint_dir is not None and has_checkpoint(hooks.checkpoint_dir):
-        saved = load_checkpoint(hooks.checkpoint_dir, **ckpt_objects)
-        check_config(saved.get("config"), cfg, hooks.checkpoint_dir)
+        saved = load_checkpoint(hooks.checkpoint_dir, **ckpt_objects, config=cfg)
         state.load(saved["loop"])
 
     status: RunStatus = "max_steps"

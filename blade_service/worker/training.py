@@ -48,6 +48,7 @@ def train(
     out_dir: Path,
 ) -> Any:
     """run_unlearning with hooks that publish each step, poll for a cancel and sync checkpoints to storage."""
+    from blade_core.checkpoint import CheckpointMismatch
     from blade_core.methods.base import Hooks
     from blade_core.unlearn import run_unlearning
 
@@ -78,7 +79,7 @@ def train(
         )
 
     synced: dict[str, Any] = {"fingerprint": None, "key": ctx.checkpoint_key}
-    first_record = {"pending": True}
+    first_record: dict[str, Any] = {"pending": True}
 
     def sync_checkpoint(step: int) -> None:
         """Upload the checkpoint dir when the engine rewrote it (it saves after the step it is named by)."""
@@ -106,6 +107,8 @@ def train(
         record["attempt"] = ctx.attempt
         if first_record.pop("pending", False) and resumed_from:
             record["resumed_from"] = resumed_from
+        if "restarted" in first_record:
+            record["restarted"] = first_record.pop("restarted")
         ctx.write(jobs.record_step, record=record, total_steps=total)
         _observe(ctx, record, total)
         sync_checkpoint(int(record.get("step", 0)))
@@ -114,7 +117,8 @@ def train(
 
     hooks = Hooks(on_step=on_step, should_stop=lease.should_stop, checkpoint_dir=ckpt_dir)
     seed = int(overrides.pop("seed", 0))
-    try:
+
+    def run() -> Any:
         return run_unlearning(
             model=base_ref,
             forget=forget_path,
@@ -129,6 +133,28 @@ def train(
             device=settings.device,
             progress=False,
         )
+
+    try:
+        try:
+            return run()
+        except CheckpointMismatch as exc:
+            if not resumed_from:
+                raise
+            # A deploy changed the method's config while the request was paused: the client's request is
+            # still valid, so it starts over under the config of this build rather than failing.
+            log.warning(
+                "unlearn.checkpoint_discarded",
+                extra={"request_id": ctx.request_id, "step": resumed_from, "differences": exc.differences},
+            )
+            shutil.rmtree(ckpt_dir, ignore_errors=True)  # with the LR rule it saved (blade_core/lr_scale.py)
+            with session_scope(settings) as session:
+                jobs.drop_steps_after(session, request_id=ctx.request_id, step=0)
+            with contextlib.suppress(Exception):
+                storage.delete(synced["key"])
+            synced.update(fingerprint=None, key=None)
+            discarded = {"discarded_checkpoint_step": resumed_from, "because": exc.differences}
+            first_record["restarted"], resumed_from = discarded, 0
+            return run()
     except ValueError as exc:  # config or data the engine refused (validated up front, so rare)
         raise TaskFailure("invalid_request", str(exc)) from exc
 

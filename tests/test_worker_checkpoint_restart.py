@@ -1,0 +1,143 @@
+"""A redelivered request whose checkpoint was written under another method config (a deploy changed it while
+the request was paused) starts over under the current config and succeeds: the client's request is still
+valid, so it never fails as `invalid_request`, and nothing of the discarded run stays behind."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+
+import pytest
+import torch
+from sqlalchemy import select
+
+from blade_core.checkpoint import checkpoint_path
+from blade_service.persistence import jobs
+from blade_service.persistence.db import session_scope
+from blade_service.persistence.models import (
+    BaseModel,
+    Dataset,
+    RequestStatus,
+    Tenant,
+    TrainingEvent,
+    UnlearnRequest,
+)
+from blade_service.persistence.storage import get_storage
+from blade_service.worker.artifacts import checkpoint_step
+from blade_service.worker.lease import LeaseKeeper
+from blade_service.worker.run_context import RunContext
+from blade_service.worker.training import train
+from tests.fixtures_worker import forget_rows, jsonl, retain_rows
+
+pytestmark = pytest.mark.services
+
+OWNER = "worker-a"
+
+
+@pytest.fixture
+def claimed_request(worker_settings) -> str:
+    """A blade request on a new base model, its lease held by OWNER."""
+    with session_scope(worker_settings) as s:
+        tenant = Tenant(name=f"restart-{uuid.uuid4().hex[:8]}")
+        base = BaseModel(name=f"bm-{uuid.uuid4().hex[:8]}", source="/nowhere")
+        s.add_all([tenant, base])
+        s.flush()
+        ds = Dataset(
+            tenant_id=tenant.id,
+            name="d.jsonl",
+            sha256="0" * 64,
+            rows=1,
+            format="jsonl",
+            kind="qa",
+            size_bytes=1,
+            storage_key="datasets/x/d.jsonl",
+        )
+        s.add(ds)
+        s.flush()
+        req = UnlearnRequest(
+            tenant_id=tenant.id,
+            base_model_id=base.id,
+            forget_dataset_id=ds.id,
+            retain_dataset_id=ds.id,
+            method="blade",
+            params={},
+            request_fingerprint="f" * 64,
+            queue_seq=1,
+        )
+        s.add(req)
+        s.flush()
+        request_id = req.id
+    with session_scope(worker_settings) as s:
+        claim = jobs.claim_request(s, request_id=request_id, owner=OWNER, lease_seconds=600)
+    assert claim.claimed
+    return request_id
+
+
+def _events(settings, request_id: str) -> list[dict]:
+    with session_scope(settings) as s:
+        rows = s.scalars(
+            select(TrainingEvent).where(TrainingEvent.request_id == request_id).order_by(TrainingEvent.step)
+        ).all()
+        return [dict(e.record, step=e.step) for e in rows]
+
+
+def _checkpoint_key(settings, request_id: str) -> str | None:
+    with session_scope(settings) as s:
+        return s.get(UnlearnRequest, request_id).checkpoint_key
+
+
+def test_a_checkpoint_of_another_config_is_discarded_and_the_run_starts_over(
+    worker_settings, claimed_request, tiny_model_dir, tmp_path
+):
+    forget, retain = tmp_path / "forget.jsonl", tmp_path / "retain.jsonl"
+    forget.write_bytes(jsonl(forget_rows()))
+    retain.write_bytes(jsonl(retain_rows()))
+    storage = get_storage(worker_settings)
+    first = RunContext(
+        settings=worker_settings,
+        storage=storage,
+        owner=OWNER,
+        request_id=claimed_request,
+        tenant_id="t",
+        base_model_id="b",
+        base_model_name="bm",
+        base_source=str(tiny_model_dir),
+        method="blade",
+        params={"max_steps": 4, "checkpoint_every": 2, "tau": 0.7},
+        status=RequestStatus.RUNNING,
+        attempt=1,
+        forget={},
+        retain={},
+        metrics_before=None,
+        checkpoint_key=None,
+        workdir=tmp_path / "attempt-1",
+    )
+    lease = LeaseKeeper(request_id=claimed_request, owner=OWNER, settings=worker_settings, worker_name="w")
+    train(first, lease, str(tiny_model_dir), [], forget, retain, tmp_path / "out-1")
+    stale = _checkpoint_key(worker_settings, claimed_request)
+    assert stale is not None and storage.exists(stale)
+    assert checkpoint_step(stale) == 2  # the last one saved before the record that uploads it
+
+    # The same request redelivered after a deploy that changed tau: its checkpoint cannot continue this run.
+    second = dataclasses.replace(
+        first,
+        params={**first.params, "tau": 0.5},
+        attempt=2,
+        checkpoint_key=stale,
+        workdir=tmp_path / "attempt-2",
+    )
+    result = train(second, lease, str(tiny_model_dir), [], forget, retain, tmp_path / "out-2")
+
+    assert len(result.history) == 4
+    events = _events(worker_settings, claimed_request)
+    assert [e["step"] for e in events] == [1, 2, 3, 4]
+    assert all(e["attempt"] == 2 for e in events)  # nothing of the discarded run's steps remains
+    restarted = events[0]["restarted"]
+    assert restarted["because"] == ["tau: 0.7 -> 0.5"]
+    assert restarted["discarded_checkpoint_step"] == 2
+    assert "resumed_from" not in events[0]
+    # The stored checkpoint is the new run's (the same step's key, written under the current config).
+    stored = _checkpoint_key(worker_settings, claimed_request)
+    storage.get_dir(stored, tmp_path / "stored")
+    payload = torch.load(checkpoint_path(tmp_path / "stored"), weights_only=True)
+    assert payload["state"]["config"]["tau"] == 0.5
