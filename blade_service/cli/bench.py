@@ -294,11 +294,18 @@ def run(args: argparse.Namespace) -> int:
                 )
             golds[split] = Path(directory)
         if target is None or any(sp not in golds for sp in gold_splits):
+            missing = [sp for sp in gold_splits if sp not in golds]
+            if target is not None and missing:
+                log(
+                    f"no --gold for {', '.join(missing)}: building it from --data under {args.cache} (the "
+                    "base model, pretrained there unless cached, fine-tuned without the split); --gold "
+                    "SPLIT=DIR reuses one"
+                )
             _, built_target, built_golds = bench.prepare_models(
                 args.data,
                 args.cache,
                 settings,
-                [sp for sp in gold_splits if sp not in golds],
+                missing,
                 build_target=target is None,
                 log=log,
                 progress=progress,
