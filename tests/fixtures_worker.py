@@ -5,6 +5,7 @@
   half-made (nor the API tests' database); dropped at the end. Skip when no server answers.
 - `redis_urls`: broker and result-backend URLs on dedicated Redis db numbers (11, 12; per pytest process:
   `fixtures_services.REDIS_DBS`), flushed at start/end.
+- `make_request`: a factory of queued requests in `worker_pg_url`'s database (rows only, nothing stored).
 - `tiny_model_dir`: a tiny Llama + tokenizer (blade_core.testing), built in well under a second.
 - `e2e` (per module): an `E2EService`: a real uvicorn API subprocess (`blade api`) and real Celery worker
   subprocesses (`blade worker`): a GPU-style worker (`-Q unlearn`, prefork, one task per child, acks late)
@@ -170,6 +171,66 @@ def worker_session(worker_settings):
 
     with session_factory(worker_settings)() as session:
         yield session
+
+
+@pytest.fixture
+def make_request(worker_settings):
+    """make_request(base_model_id=None) -> request id: a queued blade request of a new tenant on a (new or
+    given) base model, its datasets rows that name no stored file."""
+    from sqlalchemy import select
+
+    from blade_service.persistence.db import session_scope
+    from blade_service.persistence.models import BaseModel, Dataset, Tenant, UnlearnRequest
+
+    with session_scope(worker_settings) as s:
+        tenant = Tenant(name=f"jobs-{uuid.uuid4().hex[:8]}")
+        s.add(tenant)
+        s.flush()
+        ds = Dataset(
+            tenant_id=tenant.id,
+            name="d.jsonl",
+            sha256="0" * 64,
+            rows=1,
+            format="jsonl",
+            kind="qa",
+            size_bytes=1,
+            storage_key="datasets/x/d.jsonl",
+        )
+        s.add(ds)
+        s.flush()
+        tenant_id, ds_id = tenant.id, ds.id
+
+    def make(base_model_id: str | None = None) -> str:
+        with session_scope(worker_settings) as s:
+            if base_model_id is None:
+                bm = BaseModel(name=f"bm-{uuid.uuid4().hex[:8]}", source="/nowhere")
+                s.add(bm)
+                s.flush()
+                base_model_id = bm.id
+            seq = (
+                s.scalar(
+                    select(UnlearnRequest.queue_seq)
+                    .where(UnlearnRequest.base_model_id == base_model_id)
+                    .order_by(UnlearnRequest.queue_seq.desc())
+                    .limit(1)
+                )
+                or 0
+            ) + 1
+            req = UnlearnRequest(
+                tenant_id=tenant_id,
+                base_model_id=base_model_id,
+                forget_dataset_id=ds_id,
+                retain_dataset_id=ds_id,
+                method="blade",
+                params={},
+                request_fingerprint="f" * 64,
+                queue_seq=seq,
+            )
+            s.add(req)
+            s.flush()
+            return req.id
+
+    return make
 
 
 # --- a tiny base model --------------------------------------------------------------------------------------

@@ -5,7 +5,6 @@ valid, so it never fails as `invalid_request`, and nothing of the discarded run 
 from __future__ import annotations
 
 import dataclasses
-import uuid
 
 import pytest
 import torch
@@ -14,14 +13,7 @@ from sqlalchemy import select
 from blade_core.checkpoint import checkpoint_path
 from blade_service.persistence import jobs
 from blade_service.persistence.db import session_scope
-from blade_service.persistence.models import (
-    BaseModel,
-    Dataset,
-    RequestStatus,
-    Tenant,
-    TrainingEvent,
-    UnlearnRequest,
-)
+from blade_service.persistence.models import RequestStatus, TrainingEvent, UnlearnRequest
 from blade_service.persistence.storage import get_storage
 from blade_service.worker.artifacts import checkpoint_step
 from blade_service.worker.lease import LeaseKeeper
@@ -35,38 +27,9 @@ OWNER = "worker-a"
 
 
 @pytest.fixture
-def claimed_request(worker_settings) -> str:
+def claimed_request(worker_settings, make_request) -> str:
     """A blade request on a new base model, its lease held by OWNER."""
-    with session_scope(worker_settings) as s:
-        tenant = Tenant(name=f"restart-{uuid.uuid4().hex[:8]}")
-        base = BaseModel(name=f"bm-{uuid.uuid4().hex[:8]}", source="/nowhere")
-        s.add_all([tenant, base])
-        s.flush()
-        ds = Dataset(
-            tenant_id=tenant.id,
-            name="d.jsonl",
-            sha256="0" * 64,
-            rows=1,
-            format="jsonl",
-            kind="qa",
-            size_bytes=1,
-            storage_key="datasets/x/d.jsonl",
-        )
-        s.add(ds)
-        s.flush()
-        req = UnlearnRequest(
-            tenant_id=tenant.id,
-            base_model_id=base.id,
-            forget_dataset_id=ds.id,
-            retain_dataset_id=ds.id,
-            method="blade",
-            params={},
-            request_fingerprint="f" * 64,
-            queue_seq=1,
-        )
-        s.add(req)
-        s.flush()
-        request_id = req.id
+    request_id = make_request()
     with session_scope(worker_settings) as s:
         claim = jobs.claim_request(s, request_id=request_id, owner=OWNER, lease_seconds=600)
     assert claim.claimed

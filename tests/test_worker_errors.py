@@ -4,8 +4,6 @@ memory is not; and the unlearn task records the code `classify` gives."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 import torch
 
@@ -45,44 +43,6 @@ def test_each_typed_error_has_its_code():
     assert classify(bad_rows) == ("invalid_dataset", str(bad_rows))
 
 
-@pytest.fixture
-def queued_request(worker_settings):
-    """A queued request on a new base model (nothing behind it in line)."""
-    from blade_service.persistence.db import session_scope
-    from blade_service.persistence.models import BaseModel, Dataset, Tenant, UnlearnRequest
-
-    with session_scope(worker_settings) as s:
-        tenant = Tenant(name=f"errors-{uuid.uuid4().hex[:8]}")
-        base = BaseModel(name=f"bm-{uuid.uuid4().hex[:8]}", source="/nowhere")
-        s.add_all([tenant, base])
-        s.flush()
-        ds = Dataset(
-            tenant_id=tenant.id,
-            name="d.jsonl",
-            sha256="0" * 64,
-            rows=1,
-            format="jsonl",
-            kind="qa",
-            size_bytes=1,
-            storage_key="datasets/x/d.jsonl",
-        )
-        s.add(ds)
-        s.flush()
-        req = UnlearnRequest(
-            tenant_id=tenant.id,
-            base_model_id=base.id,
-            forget_dataset_id=ds.id,
-            retain_dataset_id=ds.id,
-            method="blade",
-            params={},
-            request_fingerprint="f" * 64,
-            queue_seq=1,
-        )
-        s.add(req)
-        s.flush()
-        return req.id
-
-
 @pytest.mark.services
 @pytest.mark.parametrize(
     ("raised", "code"),
@@ -92,11 +52,13 @@ def queued_request(worker_settings):
     ],
 )
 def test_the_unlearn_task_records_the_code_of_the_type(
-    worker_settings, queued_request, monkeypatch, raised, code
+    worker_settings, make_request, monkeypatch, raised, code
 ):
     from blade_service.persistence.db import session_scope
     from blade_service.persistence.models import UnlearnRequest
     from blade_service.worker import unlearn_task
+
+    queued_request = make_request()
 
     def fail(*_args, **_kwargs):
         raise raised

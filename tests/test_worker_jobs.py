@@ -30,60 +30,6 @@ pytestmark = pytest.mark.services
 LEASE = 30
 
 
-@pytest.fixture
-def make_request(worker_settings):
-    """make_request(base_model_id=None) -> request id: a queued request on a (new or given) base model."""
-    with session_scope(worker_settings) as s:
-        tenant = Tenant(name=f"jobs-{uuid.uuid4().hex[:8]}")
-        s.add(tenant)
-        s.flush()
-        ds = Dataset(
-            tenant_id=tenant.id,
-            name="d.jsonl",
-            sha256="0" * 64,
-            rows=1,
-            format="jsonl",
-            kind="qa",
-            size_bytes=1,
-            storage_key="datasets/x/d.jsonl",
-        )
-        s.add(ds)
-        s.flush()
-        tenant_id, ds_id = tenant.id, ds.id
-
-    def make(base_model_id: str | None = None) -> str:
-        with session_scope(worker_settings) as s:
-            if base_model_id is None:
-                bm = BaseModel(name=f"bm-{uuid.uuid4().hex[:8]}", source="/nowhere")
-                s.add(bm)
-                s.flush()
-                base_model_id = bm.id
-            seq = (
-                s.scalar(
-                    select(UnlearnRequest.queue_seq)
-                    .where(UnlearnRequest.base_model_id == base_model_id)
-                    .order_by(UnlearnRequest.queue_seq.desc())
-                    .limit(1)
-                )
-                or 0
-            ) + 1
-            req = UnlearnRequest(
-                tenant_id=tenant_id,
-                base_model_id=base_model_id,
-                forget_dataset_id=ds_id,
-                retain_dataset_id=ds_id,
-                method="blade",
-                params={},
-                request_fingerprint="f" * 64,
-                queue_seq=seq,
-            )
-            s.add(req)
-            s.flush()
-            return req.id
-
-    return make
-
-
 def _claim(settings, request_id: str, owner: str, max_attempts: int = 5) -> jobs.Claim:
     with session_scope(settings) as s:
         return jobs.claim_request(
