@@ -21,7 +21,8 @@
 # WHEELS: a folder of wheels the device's Python lacks (the service's dependencies, for Python 3.12, and
 # opentelemetry-api, which fastapi 0.165 imports), installed into /tmp/site first. BUDGET: seconds the whole
 # run may take. ENGINE=0 skips step 1 (on the H200 it took 50 s; the bench needs 8-9 minutes to finish);
-# COMPILE=1 adds to it 16 x 1 under torch.compile's reduce-overhead mode (up to 195 s more).
+# COMPILE=1 adds to it 16 x 1 under torch.compile's reduce-overhead mode (up to 195 s more). REQUEST=0 skips
+# step 2, which then needs no DEMO, and leaves the GPU to the bench.
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for the results}
 PY=${PY:-python3}
@@ -35,11 +36,15 @@ BUILD=${BUILD:-cuda}    # the bench's --build-device
 JOBS=${JOBS:-12}        # the bench's --jobs
 ENGINE=${ENGINE:-1}
 COMPILE=${COMPILE:-0}   # 1: step 1 also runs 16 x 1 with every decoder layer compiled (CUDA graphs)
+REQUEST=${REQUEST:-1}
 start=$SECONDS
 WORK=/tmp/gpu-check
 rm -rf "$WORK" && mkdir -p "$OUT" "$WORK"
-# Everything lands in WORK; after each step one archive of it goes to OUT (the device returns few files).
-save() { tar -C /tmp -czf "$OUT/gpu-check.tgz" gpu-check; }
+# Everything lands in WORK; after each step one archive of it goes to OUT (the device returns few files),
+# with the bench's cached selection runs (each a row.json and history.json; no weights are kept).
+save() {
+    tar -C /tmp -czf "$OUT/gpu-check.tgz" gpu-check $(cd /tmp && ls -d bench-cache/selection 2>/dev/null)
+}
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 if [ -d "$WHEELS" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
@@ -70,7 +75,7 @@ shapes=("4 4" "16 1")
 done
 save
 
-echo "== 2. one request end to end (blade up), beside the bench (left: $(left) s) =="
+echo "== 2. one request end to end (blade up), beside the bench (left: $(left) s; REQUEST=$REQUEST) =="
 request() {
     local data=/tmp/blade-gpu-var port=8765 t0 rc up
     rm -rf "$data"
@@ -105,20 +110,25 @@ print(json.dumps(req.get("metrics"), indent=1)[:4000])
 PYEOF
     return $rc
 }
-request $(($(left) - 40)) >"$WORK/request.txt" 2>&1 &
-requesting=$!
+requesting=
+[ "$REQUEST" = 0 ] || { request $(($(left) - 40)) >"$WORK/request.txt" 2>&1 & requesting=$!; }
 
 echo "== 3. the quick bench at size $SIZE, built on $BUILD (left: $(left) s) =="
+(while sleep 60; do save; done) &  # a call cut off at its limit still returns the runs finished by then
+saving=$!
 timeout $(($(left) - 20)) "$PY" -m blade_service.cli bench --synthetic --quick --model-size "$SIZE" \
     --build-device "$BUILD" --jobs "$JOBS" --no-progress --methods blade,grad_diff,npo,rmu --splits forget01 \
     --lr-grid-extend 0 --cache /tmp/bench-cache --out "$WORK/bench" 2>&1 | tail -c 200000 >"$WORK/bench.txt"
 echo "bench exit status ${PIPESTATUS[0]}"
+kill $saving 2>/dev/null; wait $saving 2>/dev/null
 tail -40 "$WORK/bench.txt"
 for f in /tmp/bench-cache/models/*/*/build_info.json; do
     [ -f "$f" ] && cp "$f" "$WORK/build_info-$(basename "$(dirname "$(dirname "$f")")")-$(basename "$(dirname "$f")").json"
 done
 save
-wait $requesting
-cat "$WORK/request.txt"
-save
+if [ -n "$requesting" ]; then
+    wait $requesting
+    cat "$WORK/request.txt"
+    save
+fi
 echo "total $((SECONDS - start)) s"
