@@ -101,7 +101,7 @@ def _model_and_data(args: argparse.Namespace, device: torch.device):
     )
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = LlamaForCausalLM(config).to(device=device, dtype=dtype)
-    if device.type == "cuda":
+    if device.type == "cuda" and not args.no_checkpointing:
         enable_activation_checkpointing(model)
     if args.compile:  # lazily, at the first forward: after BLADE's LoRA is attached; the warm-up step pays
         for layer in model.model.layers:
@@ -472,6 +472,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("default", "reduce-overhead", "max-autotune"),
         help="torch.compile every decoder layer in this mode (reduce-overhead: CUDA graphs on a GPU)",
     )
+    p.add_argument(
+        "--no-checkpointing",
+        action="store_true",
+        help="CUDA without activation checkpointing (GradDiff's backward fails under CUDA graphs with it)",
+    )
     p.add_argument("--skip-steps", action="store_true", help="only the entropy comparison")
     p.add_argument("--skip-entropy", action="store_true", help="only the step comparison")
     p.add_argument("--json", type=Path, help="also write the figures here")
@@ -506,9 +511,12 @@ def main(argv: list[str] | None = None) -> int:
             args.json.write_text(json.dumps(figures, indent=1))
 
     if not args.skip_steps:
+        checkpointing = "off" if args.no_checkpointing else "on"
         print(
             f"model: Llama hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}; "
             f"batch {args.batch} x seq {args.seq}; {args.steps} measured steps each"
+            + (f"; activation checkpointing {checkpointing}" if device.type == "cuda" else "")
+            + (f"; decoder layers compiled ({args.compile})" if args.compile else "")
         )
         b, g = _measure_pair(
             ("blade", "grad_diff"),
