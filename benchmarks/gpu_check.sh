@@ -41,9 +41,11 @@ start=$SECONDS
 WORK=/tmp/gpu-check
 rm -rf "$WORK" && mkdir -p "$OUT" "$WORK"
 # Everything lands in WORK; after each step one archive of it goes to OUT (the device returns few files),
-# with the bench's cached selection runs (each a row.json and history.json; no weights are kept).
+# with the bench's cached selection runs (each a row.json and history.json). A run's weights live in its
+# folder only while it trains; they stay out, or a save mid-run would outgrow what the device returns.
 save() {
-    tar -C /tmp -czf "$OUT/gpu-check.tgz" gpu-check $(cd /tmp && ls -d bench-cache/selection 2>/dev/null)
+    tar -C /tmp --exclude='*.safetensors' --exclude='*.bin' -czf "$OUT/gpu-check.tgz" gpu-check \
+        $(cd /tmp && ls -d bench-cache/selection 2>/dev/null)
 }
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
