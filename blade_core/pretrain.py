@@ -56,6 +56,7 @@ from blade_core.build_common import (
     weighted_step,
 )
 from blade_core.data import format_qa
+from blade_core.heartbeat import Heartbeat
 from blade_core.modeling import SIZES, load_model, load_tokenizer, lora_fraction, new_llama, train_tokenizer
 from blade_core.synth import CORPUS_VERSION, SYNTH_VERSION, pretrain_corpus
 
@@ -164,6 +165,7 @@ def fit(
     model.train()
     step, epoch_loss = 0, []
     bar = tqdm(total=steps_per_epoch * epochs, desc=desc, unit="step", disable=not progress, leave=False)
+    heartbeat = Heartbeat(log, desc, steps_per_epoch * epochs) if log and not progress else None
     for epoch in range(1, epochs + 1):
         total = 0.0
         for picked in _batches(lengths, batch_size, rng):
@@ -171,6 +173,8 @@ def fit(
             total += weighted_step(model, opt, rows, pad_id, prompt_weight, lr_at(step))
             step += 1
             bar.update(1)
+            if heartbeat:
+                heartbeat.beat(step)
         epoch_loss.append(round(total / steps_per_epoch, 4))
         bar.set_postfix(epoch=epoch, loss=f"{epoch_loss[-1]:.3f}")
         if log:

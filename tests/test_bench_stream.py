@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from blade_core import heartbeat
 from blade_core.bench.stream import author_blocks, scaled_sets, sequential_groups
 from blade_service.cli.main import main
 from tests.fixtures_world import ensure_tiny_world
@@ -37,7 +38,8 @@ def test_author_groups_are_disjoint_and_scales_grow_by_whole_authors(world20):
         scaled_sets(blocks, [1, 4], "forget10")
 
 
-def test_sequential_requests_stack_and_scaled_forget_sets(world20, tmp_path, capsys):
+def test_sequential_requests_stack_and_scaled_forget_sets(world20, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(heartbeat, "EVERY_S", 0.0)  # --no-progress: a progress line after every step
     out = tmp_path / "bench"
     args = [
         "bench",
@@ -59,6 +61,9 @@ def test_sequential_requests_stack_and_scaled_forget_sets(world20, tmp_path, cap
         "--no-progress",
     ]
     assert main([*args, "--sequential", "2", "--scale", "1,2"]) == 0
+    logged = capsys.readouterr().err  # the bench's log
+    for label in ("blade seed 42 request 2/2", "grad_diff seed 42 scale x2"):
+        assert f"{label}: step 3 of 3 after " in logged, logged[-3000:]
     results = json.loads((out / "results.json").read_text())
     seq = [r for r in results["rows"] if "step" in r]
     assert [(r["method"], r["step"]) for r in seq] == [

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from blade_core import heartbeat
 from blade_core.build import build_model
 from blade_core.build_common import cpu_identity, numerics
 from blade_core.modeling import (
@@ -51,11 +52,16 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def built(world: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("two-stage")
     cache = root / "cache"
-    target = build_model(world, root / "target", two_stage=TINY, cache_dir=cache, progress=False)
+    logged: list[str] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(heartbeat, "EVERY_S", 0.0)  # no progress bar: a progress line after every step
+        target = build_model(
+            world, root / "target", two_stage=TINY, cache_dir=cache, progress=False, log=logged.append
+        )
     gold = build_model(
         world, root / "gold", two_stage=TINY, exclude_split="forget10", cache_dir=cache, progress=False
     )
-    return {"root": root, "cache": cache, "target": target, "gold": gold}
+    return {"root": root, "cache": cache, "target": target, "gold": gold, "logged": logged}
 
 
 # --- the LoRA fraction -------------------------------------------------------------------------------------
@@ -112,6 +118,15 @@ def test_corpus_never_names_a_world_author_or_title() -> None:
 
 
 # --- the two-stage build -----------------------------------------------------------------------------------
+
+
+def test_a_build_without_progress_bars_logs_its_steps(built: dict) -> None:
+    steps = [line for line in built["logged"] if ": step " in line]
+    assert steps[0].startswith("pretraining: step 1 of ") and "more at this pace" in steps[0]
+    n = built["target"].info["steps"]  # the fine-tune's
+    assert [line for line in steps if line.startswith("fine-tuning: ")][-1].startswith(
+        f"fine-tuning: step {n} of {n} after "
+    ), steps
 
 
 def test_base_is_built_once_and_shared(built: dict) -> None:

@@ -15,9 +15,11 @@ from blade_core.bench.models import split_paths
 from blade_core.bench.settings import BenchPlan, Log
 from blade_core.bench.summary import _fmt
 from blade_core.evaluation.tofu import evaluate_split, load_rows
+from blade_core.heartbeat import Heartbeat
 from blade_core.lora import load_with_stack
 from blade_core.methods import get_method
 from blade_core.methods._loop import schedule
+from blade_core.methods.base import Hooks
 from blade_core.modeling import pick_device
 from blade_core.unlearn import build_config, config_fields, run_unlearning
 
@@ -91,11 +93,19 @@ def train(
     adapters: Sequence[Path] = (),
     multiplier: float | None = None,
     preset: str | None = None,
+    log: Log | None = None,
+    label: str = "",
 ) -> Trained:
     """One `run_unlearning` call (the runner `blade unlearn` and the worker use) on `model` (default the
     plan's target) plus frozen `adapters`, at the plan's LR factor times `multiplier` (default: the method's
-    chosen one)."""
+    chosen one). Without progress bars, `log` gets a `Heartbeat` line for `label` every few minutes."""
     device = pick_device()
+    overrides, cap = method_overrides(method, plan), step_cap(plan, method, forget)
+    hooks = None
+    if log is not None and not plan.progress:
+        total = build_config(method, preset, overrides, cap, seed).max_steps  # a baseline's comes per step
+        heartbeat = Heartbeat(log, label or f"{method} seed {seed}", total)
+        hooks = Hooks(on_step=lambda record: heartbeat.beat(record["step"], record.get("total_steps")))
     with PeakMemory(device.type) as memory:
         started = time.perf_counter()
         out = run_unlearning(
@@ -106,9 +116,10 @@ def train(
             method=method,
             preset=preset,
             adapters=adapters,
-            overrides=method_overrides(method, plan),
-            max_steps=step_cap(plan, method, forget),
+            overrides=overrides,
+            max_steps=cap,
             seed=seed,
+            hooks=hooks,
             device=str(device),
             progress=plan.progress,
             lr_scale=plan.lr_scale,  # the target's factor, also for a continued full model without build info
@@ -213,6 +224,8 @@ def run_one(
         work=work,
         multiplier=multiplier,
         preset=split_preset(method, split),
+        log=log,
+        label=f"{method} {split} seed {seed}{f' {tag}' if tag else ''}",
     )
     model, tokenizer = load_trained(plan, trained)
     metrics = evaluate(plan, model, tokenizer, split, gold_ref)

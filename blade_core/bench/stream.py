@@ -206,6 +206,8 @@ def _stacked_afresh(
             model=model_dir,
             adapters=stack,
             preset=split_preset(method, DRAWN),
+            log=log,
+            label=f"{method} seed {seed} request {k}/{len(dirs)}",
         )
         model, tokenizer = load_trained(plan, trained, base=model_dir, stack=stack)
         metrics = evaluate(plan, model, tokenizer, split, None, data_dir=group_dir)
@@ -289,6 +291,8 @@ def run_scale(plan: BenchPlan, method: str, seed: int, scale: int, rows: list, l
             retain=retain,
             work=root / "model",
             preset=split_preset(method, DRAWN),
+            log=log,
+            label=f"{method} seed {seed} scale x{scale}",
         )
         model, tokenizer = load_trained(plan, trained)
         metrics = evaluate(plan, model, tokenizer, split, None, data_dir=data)
