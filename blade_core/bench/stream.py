@@ -207,7 +207,7 @@ def _stacked_afresh(
             adapters=stack,
             preset=split_preset(method, DRAWN),
             log=log,
-            label=f"{method} seed {seed} request {k}/{len(dirs)}",
+            label=f"{method} seed {seed} LR x{plan.multipliers.get(method, 1.0):g} request {k}/{len(dirs)}",
         )
         model, tokenizer = load_trained(plan, trained, base=model_dir, stack=stack)
         metrics = evaluate(plan, model, tokenizer, split, None, data_dir=group_dir)
@@ -218,7 +218,8 @@ def _stacked_afresh(
         _write_json(work / "history.json", trained.out.history)
         shutil.copyfile(trained.out.adapter_dir / "run.json", work / "run.json")  # outlives a full model dir
         log(
-            f"{method:>11} sequential step {k}/{len(groups)} seed {seed}: MU {_fmt(row['MU'])} "
+            f"{method:>11} sequential step {k}/{len(groups)} seed {seed} LR x{row['lr_multiplier']:g}: "
+            f"MU {_fmt(row['MU'])} "
             f"Prob {_fmt(row['Prob'])} earlier Prob {_fmt(row['Prob_earlier'])} HM {_fmt(row['HM'])} "
             f"HM_all {_fmt(row['HM_all'])}"
         )
