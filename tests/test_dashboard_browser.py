@@ -137,8 +137,13 @@ def api_status(site: dict[str, Any], request_id: str) -> dict[str, Any]:
 def new_page(browser, site, problems: list[str]):
     context = browser.new_context(viewport={"width": 1440, "height": 900}, base_url=site["url"])
     page = context.new_page()
-    # Every asset is local: any failed request or script error is a bug.
-    page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
+    # Every asset is local: any failed request or script error is a bug. But a poll still in flight when the
+    # page navigates (the test's goto, or the page reloading itself once a request ends) is aborted by the
+    # browser, not failed by the server.
+    page.on(
+        "requestfailed",
+        lambda r: _aborted_poll(r) or problems.append(f"request failed ({r.failure}): {r.url}"),
+    )
     page.on(
         "response",
         lambda r: r.status >= 400 and "/dashboard/static" in r.url and problems.append(f"{r.status} {r.url}"),
@@ -146,6 +151,10 @@ def new_page(browser, site, problems: list[str]):
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
     page.on("dialog", lambda d: d.accept())  # the cancel button's confirm()
     return page
+
+
+def _aborted_poll(request) -> bool:
+    return request.failure == "net::ERR_ABORTED" and request.resource_type in ("fetch", "xhr")
 
 
 def sign_in(page, key: str, shots: Shots | None = None) -> None:
