@@ -3,7 +3,7 @@
 A BLADE run of the default bench trains for 15-25 minutes on one core and the base model pretrains for longer;
 without a bar their log said nothing until they ended. `Heartbeat` logs at most one line per `every_s`:
 
-    blade forget05 seed 42: step 120 of 250 after 7m30s, 8m08s more at this pace
+    blade forget05 seed 42: step 120 of 250 after 7.5 min, 8.1 min more at this pace
 
 For a method with a convergence stop the total is its cap, so the time left is an upper bound.
 """
@@ -18,13 +18,20 @@ EVERY_S = 300.0  # at most one line per run every five minutes: a 25-minute run 
 
 
 def duration(seconds: float) -> str:
-    """'45s', '7m30s' or '2h05m'."""
-    s = round(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    """'45 s', '7.5 min' or '2.1 h' (also the CLI's, `blade_service/cli/display.py`)."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def progress_line(label: str, step: int, total: int | None, elapsed_s: float) -> str:
+    """'label: step i of N after T, R more at this pace' (no total: 'label: step i after T')."""
+    if not total:
+        return f"{label}: step {step} after {duration(elapsed_s)}"
+    line = f"{label}: step {step} of {total} after {duration(elapsed_s)}"
+    if total > step:
+        line += f", {duration(elapsed_s / step * (total - step))} more at this pace"
+    return line
 
 
 @dataclass
@@ -53,13 +60,4 @@ class Heartbeat:
         if now - self._last < self._every or step <= 0:
             return
         self._last = now
-        elapsed = now - self.started
-        line = f"{self.label}: step {step}"
-        if self.total:
-            line += f" of {self.total} after {duration(elapsed)}"
-            left = self.total - step
-            if left > 0:
-                line += f", {duration(elapsed / step * left)} more at this pace"
-        else:
-            line += f" after {duration(elapsed)}"
-        self.log(line)
+        self.log(progress_line(self.label, step, self.total, now - self.started))

@@ -20,6 +20,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from blade_core.heartbeat import duration
+
 # The history.json columns worth a glance, in order (CONTRACT.md `history.json`); others stay in --json.
 EVENT_COLUMNS = ("step", "L_fgt", "L_ret", "lambda", "r", "epsilon", "lr", "converged", "dt")
 NOT_METRICS = frozenset({"n", "rows", "count", "seconds", "time_s"})  # sizes and timings, not scores
@@ -82,12 +84,6 @@ def progress_text(state: Mapping[str, Any]) -> str:
     if state.get("queue_position"):
         text += f" · {state['queue_position']} ahead in the queue"
     return text
-
-
-def duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
 def dynamics_text(record: Mapping[str, Any] | None) -> str:
