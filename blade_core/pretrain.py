@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm import tqdm
+from transformers.utils import logging as hf_logging
 
 from blade_core.build_common import (
     BuildResult,
@@ -404,6 +405,8 @@ def finetune(
     rows, everything, excluded = training_rows(data_dir, exclude_split)
     tokenizer = load_tokenizer(base_dir)
     torch.manual_seed(seed)
+    if not progress:  # transformers draws a "Loading weights" bar per load, into a log file as well
+        hf_logging.disable_progress_bar()
     model = load_model(base_dir, device=device, dtype=torch.float32)
     examples = encode_for_training(tokenizer, rows)
     say(

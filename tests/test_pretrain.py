@@ -240,6 +240,19 @@ def test_an_explicit_base_dir_is_fine_tuned(built: dict, world: Path, tmp_path: 
         build_model(world, tmp_path / "n", base=tmp_path, two_stage=TINY, progress=False)
 
 
+def test_a_fine_tune_without_progress_draws_no_loading_bar(
+    built: dict, world: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """transformers draws a "Loading weights" bar per model load; a bench with --no-progress writes its log
+    to a file, where each bar was a line of carriage returns."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()
+    base_dir = Path(built["target"].info["base"]["dir"])
+    build_model(world, tmp_path / "m", base=base_dir, two_stage=TINY, progress=False)
+    assert "Loading weights" not in capsys.readouterr().err
+
+
 def test_a_build_leaves_subnormal_floats_as_it_found_them(built: dict) -> None:
     """Training flushes subnormals to zero for speed (`build_common.flush_denormals`); the build must not
     leave that on for the rest of the process (it once did, and Hypothesis's float strategies then failed
