@@ -73,6 +73,19 @@ def cpu_identity() -> str:
     return f"{chip}, {torch.backends.cpu.get_cpu_capability()}"
 
 
+def numpy_simd() -> list[str]:
+    """The SIMD targets numpy dispatches to on this CPU beyond its baseline, e.g. ['X86_V3', 'X86_V4'].
+
+    The evaluation's means and exponentials run in numpy, whose AVX-512 kernels round some results
+    differently in the last bit; `NPY_DISABLE_CPU_FEATURES` turns targets off (docs/results.md, "Builds are
+    bit-reproducible on one kind of CPU"). Models do not depend on it: training runs in torch."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    except ImportError:  # a numpy without the runtime dispatch tables
+        return []
+    return [name for name in __cpu_dispatch__ if __cpu_features__.get(name)]
+
+
 @contextlib.contextmanager
 def torch_threads(threads: int | None) -> Iterator[None]:
     """torch's CPU thread count set to `threads` (None or 0: left as it is) for the block, then restored."""

@@ -22,7 +22,7 @@ import torch
 from blade_core import bench
 from blade_core.bench import run as bench_run
 from blade_core.bench.selection import beyond_edge, choose
-from blade_core.build_common import cpu_identity
+from blade_core.build_common import cpu_identity, numpy_simd
 from blade_service.cli.main import main
 
 CONTRACT_ROW_KEYS = {
@@ -393,6 +393,7 @@ def test_parallel_runs_make_the_sequential_runs(
     assert "4 runs on 2 processes" in err and "2 runs on 2 processes" in err  # selection grid, test grid
     # first of all, the CPU kind: it decides which build of the models a box makes (docs/results.md)
     assert err.startswith("on ") and f"CPU kind {cpu_identity()}:" in err.splitlines()[0]
+    assert f"numpy SIMD {' '.join(numpy_simd()) or 'baseline only'}:" in err.splitlines()[0]
     one = json.loads((one_process_bench[0] / "results.json").read_text())
     two = json.loads((tmp_path / "two" / "results.json").read_text())
     assert two["selection"]["validation_hm"] == one["selection"]["validation_hm"]
@@ -475,6 +476,30 @@ def test_bench_refuses_a_build_device_it_cannot_use(tmp_path, capsys, monkeypatc
     assert main(["bench", "--synthetic", "--build-device", "tpu0", "--out", str(tmp_path)]) == 2
     assert "--build-device 'tpu0'" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_numpy_simd_names_the_targets_numpy_dispatches_to_and_obeys_its_switch():
+    """The evaluation's last digits follow numpy's SIMD targets (docs/results.md); a box can turn the wider
+    ones off with NPY_DISABLE_CPU_FEATURES, and the record must then say so."""
+    import os
+    import subprocess
+
+    from numpy._core._multiarray_umath import __cpu_dispatch__
+
+    from blade_core.bench.measure import machine
+
+    found = numpy_simd()
+    assert set(found) <= set(__cpu_dispatch__)
+    assert machine()["numpy_simd"] == found
+    code = "from blade_core.build_common import numpy_simd; print(' '.join(numpy_simd()))"
+    child = subprocess.run(
+        [sys.executable, "-c", code],
+        env=os.environ | {"NPY_DISABLE_CPU_FEATURES": " ".join(found[1:])},  # all but the narrowest
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert child.stdout.split() == found[:1]
 
 
 def test_a_build_device_enters_the_record_only_when_it_is_not_the_cpu():

@@ -12,7 +12,7 @@ import resource
 import threading
 from typing import Any
 
-from blade_core.build_common import cpu_identity, mkl_settings
+from blade_core.build_common import cpu_identity, mkl_settings, numpy_simd
 
 
 def _release_free_memory() -> None:
@@ -92,6 +92,7 @@ def machine() -> dict[str, Any]:
         "cpu": cpu,
         "cpu_identity": cpu_identity(),  # with `mkl`, what a bit-for-bit comparison needs (as build keys)
         "mkl": mkl_settings(),
+        "numpy_simd": numpy_simd(),  # the evaluation's last digits depend on it
         "cores": cores,
         "gpu": gpu,
         "torch": torch.__version__,

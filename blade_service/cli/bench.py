@@ -252,7 +252,9 @@ def run(args: argparse.Namespace) -> int:
     box = machine()
     log(
         f"on {box['summary']}; CPU kind {box['cpu_identity']}: the models built here match another box's bit "
-        "for bit only where that box is of the same kind (docs/results.md)"
+        "for bit only where that box is of the same kind (docs/results.md); numpy SIMD "
+        f"{' '.join(box['numpy_simd']) or 'baseline only'}: the metrics' last digits match where that is the "
+        "same too"
     )
     progress = not args.no_progress
     validation = None
