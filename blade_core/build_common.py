@@ -77,8 +77,8 @@ def numpy_simd() -> list[str]:
     """The SIMD targets numpy dispatches to on this CPU beyond its baseline, e.g. ['X86_V3', 'X86_V4'].
 
     The evaluation's means and exponentials run in numpy, whose AVX-512 kernels round some results
-    differently in the last bit; `NPY_DISABLE_CPU_FEATURES` turns targets off (docs/results.md, "Builds are
-    bit-reproducible on one kind of CPU"). Models do not depend on it: training runs in torch."""
+    differently in the last bit; `NPY_DISABLE_CPU_FEATURES` turns targets off (docs/results.md, "numpy's SIMD
+    kernels change the metrics' last digit"). Models do not depend on it: training runs in torch."""
     try:
         from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
     except ImportError:  # a numpy without the runtime dispatch tables

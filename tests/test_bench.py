@@ -12,15 +12,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from numpy._core._multiarray_umath import __cpu_dispatch__
 
 from blade_core import bench
 from blade_core.bench import run as bench_run
+from blade_core.bench.measure import machine
 from blade_core.bench.selection import beyond_edge, choose
 from blade_core.build_common import cpu_identity, numpy_simd
 from blade_service.cli.main import main
@@ -481,13 +485,6 @@ def test_bench_refuses_a_build_device_it_cannot_use(tmp_path, capsys, monkeypatc
 def test_numpy_simd_names_the_targets_numpy_dispatches_to_and_obeys_its_switch():
     """The evaluation's last digits follow numpy's SIMD targets (docs/results.md); a box can turn the wider
     ones off with NPY_DISABLE_CPU_FEATURES, and the record must then say so."""
-    import os
-    import subprocess
-
-    from numpy._core._multiarray_umath import __cpu_dispatch__
-
-    from blade_core.bench.measure import machine
-
     found = numpy_simd()
     assert set(found) <= set(__cpu_dispatch__)
     assert machine()["numpy_simd"] == found
