@@ -26,7 +26,7 @@ from blade_core import bench
 from blade_core.bench import run as bench_run
 from blade_core.bench.measure import machine
 from blade_core.bench.selection import beyond_edge, choose
-from blade_core.build_common import cpu_identity, numpy_simd
+from blade_core.build_common import cpu_identity, numpy_narrower_hint, numpy_simd
 from blade_service.cli.main import main
 
 CONTRACT_ROW_KEYS = {
@@ -497,6 +497,16 @@ def test_numpy_simd_names_the_targets_numpy_dispatches_to_and_obeys_its_switch()
         check=True,
     )
     assert child.stdout.split() == found[:1]
+
+
+def test_a_box_told_to_run_torch_on_avx2_hears_when_numpy_still_runs_avx512():
+    """The 2026-11-29 trap: ATEN_CPU_CAPABILITY=avx2 alone gave an AVX2 box's models but not its metrics."""
+    zen4 = ["X86_V3", "X86_V4", "AVX512_ICL"]
+    hint = numpy_narrower_hint("AuthenticAMD family 25 model 17, AVX2", zen4)
+    assert hint is not None and 'NPY_DISABLE_CPU_FEATURES="X86_V4 AVX512_ICL"' in hint
+    assert numpy_narrower_hint("AuthenticAMD family 25 model 17, AVX2", ["X86_V3"]) is None  # both narrowed
+    assert numpy_narrower_hint("AuthenticAMD family 25 model 17, AVX512", zen4) is None  # both wide
+    assert numpy_narrower_hint("AuthenticAMD family 25 model 1, AVX2", ["X86_V3"]) is None  # an AVX2 CPU
 
 
 def test_a_build_device_enters_the_record_only_when_it_is_not_the_cpu():

@@ -195,6 +195,7 @@ def _seed_list(text: str | None, count: int | None) -> list[int] | None:
 def run(args: argparse.Namespace) -> int:
     from blade_core import bench
     from blade_core.bench.measure import machine
+    from blade_core.build_common import numpy_narrower_hint
     from blade_service.cli.main import CliError
 
     if args.suite != "tofu":
@@ -256,6 +257,8 @@ def run(args: argparse.Namespace) -> int:
         f"{' '.join(box['numpy_simd']) or 'baseline only'}: the metrics' last digits match where that is the "
         "same too"
     )
+    if hint := numpy_narrower_hint(box["cpu_identity"], box["numpy_simd"]):
+        log(hint)
     progress = not args.no_progress
     validation = None
     gold_splits = [] if (args.sequential or scales) else splits  # no gold for the drawn author sets
