@@ -36,11 +36,12 @@ def test_a_total_given_with_a_step_replaces_an_unknown_one():
 
 def test_the_line_gives_the_time_left_at_the_pace_so_far():
     assert (
-        progress_line("blade forget05 seed 42", 120, 250, 450)
+        progress_line("blade forget05 seed 42", 120, 250, elapsed_s=450)
         == "blade forget05 seed 42: step 120 of 250 after 7.5 min, 8.1 min more at this pace"
     )
-    assert progress_line("blade seed 42", 250, 250, 600) == "blade seed 42: step 250 of 250 after 10.0 min"
-    assert progress_line("pretraining", 3, None, 30) == "pretraining: step 3 after 30 s"
+    last = progress_line("blade seed 42", 250, 250, elapsed_s=600)
+    assert last == "blade seed 42: step 250 of 250 after 10.0 min"
+    assert progress_line("pretraining", 3, None, elapsed_s=30) == "pretraining: step 3 after 30 s"
 
 
 def test_durations_read_as_seconds_minutes_or_hours():

@@ -121,12 +121,16 @@ def test_corpus_never_names_a_world_author_or_title() -> None:
 
 
 def test_a_build_without_progress_bars_logs_its_steps(built: dict) -> None:
-    steps = [line for line in built["logged"] if ": step " in line]
-    assert steps[0].startswith("pretraining: step 1 of ") and "more at this pace" in steps[0]
+    # which steps get a line and what they count; the durations in a line come from the real clock, so they
+    # are not asserted (tests/test_heartbeat.py checks how a line reads for given figures)
+    steps = [line.split(" after ")[0] for line in built["logged"] if ": step " in line]
+    pretraining = [line for line in steps if line.startswith("pretraining: ")]
+    total = int(pretraining[0].rsplit(" of ", 1)[1])
+    assert pretraining == [f"pretraining: step {i} of {total}" for i in range(1, total + 1)], steps
     n = built["target"].info["steps"]  # the fine-tune's
-    assert [line for line in steps if line.startswith("fine-tuning: ")][-1].startswith(
-        f"fine-tuning: step {n} of {n} after "
-    ), steps
+    assert [line for line in steps if line.startswith("fine-tuning: ")] == [
+        f"fine-tuning: step {i} of {n}" for i in range(1, n + 1)
+    ], steps
 
 
 def test_base_is_built_once_and_shared(built: dict) -> None:
