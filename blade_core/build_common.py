@@ -73,32 +73,6 @@ def cpu_identity() -> str:
     return f"{chip}, {torch.backends.cpu.get_cpu_capability()}"
 
 
-def numpy_simd() -> list[str]:
-    """The SIMD targets numpy dispatches to on this CPU beyond its baseline, e.g. ['X86_V3', 'X86_V4'].
-
-    The evaluation's means and exponentials run in numpy, whose AVX-512 kernels round some results
-    differently in the last bit; `NPY_DISABLE_CPU_FEATURES` turns targets off (docs/results.md, "numpy's SIMD
-    kernels change the metrics' last digit"). Models do not depend on it: training runs in torch."""
-    try:
-        from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
-    except ImportError:  # a numpy without the runtime dispatch tables
-        return []
-    return [name for name in __cpu_dispatch__ if __cpu_features__.get(name)]
-
-
-def numpy_narrower_hint(identity: str, simd: Sequence[str]) -> str | None:
-    """A hint when torch was told to use AVX2 (`ATEN_CPU_CAPABILITY=avx2`: `identity` ends in AVX2) on a CPU
-    whose numpy still dispatches to AVX-512 (`simd` has X86_V4): the models then match an AVX2 box's, the
-    metrics' last digits may not."""
-    if not identity.endswith("AVX2") or "X86_V4" not in simd:
-        return None
-    wide = " ".join(name for name in simd if name != "X86_V3")
-    return (
-        f"torch runs AVX2 here but numpy dispatches to {wide}: to match an AVX2 box's metrics to the last "
-        f'digit, also set NPY_DISABLE_CPU_FEATURES="{wide}"'
-    )
-
-
 @contextlib.contextmanager
 def torch_threads(threads: int | None) -> Iterator[None]:
     """torch's CPU thread count set to `threads` (None or 0: left as it is) for the block, then restored."""

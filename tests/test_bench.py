@@ -24,9 +24,9 @@ from numpy._core._multiarray_umath import __cpu_dispatch__
 
 from blade_core import bench
 from blade_core.bench import run as bench_run
-from blade_core.bench.measure import machine
+from blade_core.bench.measure import machine, numpy_narrower_hint, numpy_simd
 from blade_core.bench.selection import beyond_edge, choose
-from blade_core.build_common import cpu_identity, numpy_narrower_hint, numpy_simd
+from blade_core.build_common import cpu_identity
 from blade_service.cli.main import main
 
 CONTRACT_ROW_KEYS = {
@@ -488,7 +488,7 @@ def test_numpy_simd_names_the_targets_numpy_dispatches_to_and_obeys_its_switch()
     found = numpy_simd()
     assert set(found) <= set(__cpu_dispatch__)
     assert machine()["numpy_simd"] == found
-    code = "from blade_core.build_common import numpy_simd; print(' '.join(numpy_simd()))"
+    code = "from blade_core.bench.measure import numpy_simd; print(' '.join(numpy_simd()))"
     child = subprocess.run(
         [sys.executable, "-c", code],
         env=os.environ | {"NPY_DISABLE_CPU_FEATURES": " ".join(found[1:])},  # all but the narrowest

@@ -194,8 +194,7 @@ def _seed_list(text: str | None, count: int | None) -> list[int] | None:
 
 def run(args: argparse.Namespace) -> int:
     from blade_core import bench
-    from blade_core.bench.measure import machine
-    from blade_core.build_common import numpy_narrower_hint
+    from blade_core.bench.measure import machine, numpy_narrower_hint
     from blade_service.cli.main import CliError
 
     if args.suite != "tofu":
