@@ -204,3 +204,63 @@ def test_stream_data_dirs_are_written_once_and_rewritten_when_they_differ(world2
     assert not list(tmp_path.rglob("*.tmp"))
     group_dirs(plan, [groups[1], groups[0]])
     assert json.loads((dirs[0] / "forget10_perturbed.json").read_text()) == groups[1]
+
+
+class _Killed(BaseException):
+    """A kill mid-request: nothing in the bench catches it, as nothing survives a SIGKILL."""
+
+
+def test_an_interrupted_sequence_continues_after_its_last_finished_request(world20, tmp_path, monkeypatch):
+    """A bench killed during request 2 of a stack trains only request 2 when run again: GradDiff (full
+    parameters) continues from request 1's saved weights, BLADE stacks on request 1's saved adapter, and every
+    row equals an uninterrupted run's."""
+    from blade_core.bench import stream
+
+    args = [
+        "bench", "--data", str(world20.data_dir), "--target", str(world20.model_dir),
+        "--methods", "grad_diff,blade", "--seeds", "1", "--max-steps", "1", "--eval-max-rows", "4",
+        "--quick", "--sequential", "2", "--no-progress",
+    ]  # fmt: skip
+    real_train = stream.train
+    trained: list[str] = []
+    kill: list[str] = []  # labels to die in, once each
+
+    def train(*a, **kw):
+        trained.append(kw["label"])
+        if kw["label"] in kill:
+            kill.remove(kw["label"])
+            raise _Killed
+        return real_train(*a, **kw)
+
+    monkeypatch.setattr(stream, "train", train)
+    out = tmp_path / "killed"
+    kill += ["grad_diff seed 42 LR x1 request 2/2", "blade seed 42 LR x1 request 2/2"]
+    with pytest.raises(_Killed):
+        main([*args, "--out", str(out)])
+    with pytest.raises(_Killed):  # GradDiff resumes and finishes; BLADE dies in its request 2
+        main([*args, "--out", str(out)])
+    assert main([*args, "--out", str(out)]) == 0
+    assert trained == [
+        "grad_diff seed 42 LR x1 request 1/2",
+        "grad_diff seed 42 LR x1 request 2/2",  # killed
+        "grad_diff seed 42 LR x1 request 2/2",
+        "blade seed 42 LR x1 request 1/2",
+        "blade seed 42 LR x1 request 2/2",  # killed
+        "blade seed 42 LR x1 request 2/2",
+    ]
+    seq = out / "sequential"
+    gd2 = json.loads((seq / "grad_diff" / "seed42" / "step2" / "run.json").read_text())
+    assert gd2["base_model"] == str(seq / "grad_diff" / "seed42" / "step1" / "model")
+    blade2 = json.loads((seq / "blade" / "seed42" / "step2" / "run.json").read_text())
+    assert blade2["stack"] == [str(seq / "blade" / "seed42" / "step1" / "model")]
+    assert not (seq / "grad_diff" / "seed42" / "step2" / "model").exists()  # the last full model is cleared
+
+    trained.clear()
+    assert main([*args, "--out", str(tmp_path / "whole")]) == 0
+    assert len(trained) == 4
+
+    def rows(bench_dir):  # less what was measured of the process: its time and peak memory
+        results = json.loads((bench_dir / "results.json").read_text())
+        return [{k: v for k, v in r.items() if k not in ("time_s", "peak_mem_mb")} for r in results["rows"]]
+
+    assert rows(out) == rows(tmp_path / "whole")

@@ -174,26 +174,52 @@ def cached_sequence(
 def run_sequence(
     plan: BenchPlan, method: str, seed: int, groups: list[list], log: Log
 ) -> list[dict[str, Any]]:
-    """N stacked requests of one method and seed; one row per step (cached as a whole sequence; another
-    bench on the same --out making it meanwhile is waited for: `cache.fresh_run`)."""
+    """N stacked requests of one method and seed; one row per step (cached as a whole sequence, and request
+    by request so an interrupted sequence continues after its last finished request; another bench on the
+    same --out making it meanwhile is waited for: `cache.fresh_run`)."""
     with dir_lock(_sequence_root(plan, method, seed)):
         cached = cached_sequence(plan, method, seed, groups)
         return cached if cached is not None else _stacked_afresh(plan, method, seed, groups, log)
 
 
+def _finished_requests(
+    root: Path, stamp: dict[str, Any], n: int
+) -> tuple[list[dict[str, Any]], list[Path], Path | None]:
+    """What an interrupted `_stacked_afresh` left to continue from: the rows of requests 1..j, each stored
+    with this sequence's `stamp` (fingerprint and builds), and what request j+1 trains on (the adapters of
+    1..j, or request j's full model). Nothing ([], [], None) when that is no longer on disk."""
+    rows: list[dict[str, Any]] = []
+    outputs: list[Path] = []
+    for k in range(1, n + 1):
+        stored = _read_json(root / f"step{k}" / "row.json") or {}
+        if any(stored.get(key) != value for key, value in stamp.items()):
+            break
+        rows.append(stored["row"])
+        outputs.append(root / f"step{k}" / "model")
+    if not rows:
+        return [], [], None
+    full = (_read_json(outputs[-1] / "run.json") or {}).get("full_model")
+    needed = outputs[-1:] if full else outputs  # a full model's predecessors are deleted as it is saved
+    if full is None or not all((d / "run.json").is_file() for d in needed):
+        return [], [], None
+    return (rows, [], outputs[-1]) if full else (rows, outputs, None)
+
+
 def _stacked_afresh(
     plan: BenchPlan, method: str, seed: int, groups: list[list], log: Log
 ) -> list[dict[str, Any]]:
-    """`run_sequence`'s requests, made one after another and cached."""
+    """`run_sequence`'s requests, made one after another (from the first one an interrupted invocation did
+    not finish) and cached."""
     split = plan.settings.sequential_split
     root = _sequence_root(plan, method, seed)
     fingerprint = _sequence_fingerprint(plan, method, groups)
+    stamp = {"fingerprint": fingerprint, "builds": _builds(plan, split)}
     _, retain = split_paths(plan.data_dir, split)
     dirs = group_dirs(plan, groups)
-    rows: list[dict[str, Any]] = []
-    stack: list[Path] = []
-    model_dir: Path | None = None
-    for k, group_dir in enumerate(dirs, start=1):
+    rows, stack, model_dir = _finished_requests(root, stamp, len(dirs))
+    if rows:
+        log(f"{method} seed {seed}: continuing an interrupted sequence after request {len(rows)}/{len(dirs)}")
+    for k, group_dir in enumerate(dirs[len(rows) :], start=len(rows) + 1):
         work = root / f"step{k}"
         shutil.rmtree(work, ignore_errors=True)
         trained = train(
@@ -217,6 +243,7 @@ def _stacked_afresh(
         rows.append(row)
         _write_json(work / "history.json", trained.out.history)
         shutil.copyfile(trained.out.adapter_dir / "run.json", work / "run.json")  # outlives a full model dir
+        _write_json(work / "row.json", stamp | {"row": row})  # before the predecessor's model goes, below
         log(
             f"{method:>11} sequential step {k}/{len(groups)} seed {seed} LR x{row['lr_multiplier']:g}: "
             f"MU {_fmt(row['MU'])} "
@@ -229,11 +256,9 @@ def _stacked_afresh(
             model_dir = trained.out.adapter_dir
         else:  # the next request trains on top of this adapter, frozen and active
             stack = [*stack, trained.out.adapter_dir]
+    _write_json(root / "rows.json", stamp | {"rows": rows})
     if model_dir is not None:
         shutil.rmtree(model_dir, ignore_errors=True)
-    _write_json(
-        root / "rows.json", {"fingerprint": fingerprint, "builds": _builds(plan, split), "rows": rows}
-    )
     return rows
 
 
