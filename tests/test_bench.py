@@ -667,11 +667,7 @@ def test_two_benches_on_one_out_make_a_run_once(kind, tmp_path, monkeypatch):
         rows = [{"method": method, "step": 1, "HM_all": 0.5}]
         cache._write_json(
             stream._sequence_root(plan, method, seed) / "rows.json",
-            {
-                "fingerprint": stream._sequence_fingerprint(plan, method, groups),
-                "builds": cache._builds(plan, plan.settings.sequential_split),
-                "rows": rows,
-            },
+            stream._sequence_stamp(plan, method, groups) | {"rows": rows},
         )
         return rows
 

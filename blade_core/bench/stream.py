@@ -154,9 +154,17 @@ def _sequence_root(plan: BenchPlan, method: str, seed: int) -> Path:
     return plan.out_dir / "sequential" / method / f"seed{seed}"
 
 
-def _sequence_fingerprint(plan: BenchPlan, method: str, groups: list[list]) -> dict[str, Any]:
+def _sequence_stamp(plan: BenchPlan, method: str, groups: list[list]) -> dict[str, Any]:
+    """What a stored sequence (or one request of it) must carry to be reused: its fingerprint and builds."""
     keys: dict[str, Any] = {"sequential": len(groups), **_preset_of(method, DRAWN)}
-    return _fingerprint(plan, method, **keys)
+    return {
+        "fingerprint": _fingerprint(plan, method, **keys),
+        "builds": _builds(plan, plan.settings.sequential_split),
+    }
+
+
+def _stamped(stored: dict[str, Any], stamp: dict[str, Any]) -> bool:
+    return all(stored.get(key) == value for key, value in stamp.items())
 
 
 def cached_sequence(
@@ -164,11 +172,7 @@ def cached_sequence(
 ) -> list[dict[str, Any]] | None:
     """The rows `run_sequence` stored for these arguments, or None."""
     cached = _read_json(_sequence_root(plan, method, seed) / "rows.json") or {}
-    if cached.get("fingerprint") != _sequence_fingerprint(plan, method, groups):
-        return None
-    if cached.get("builds") != _builds(plan, plan.settings.sequential_split):
-        return None
-    return list(cached["rows"])
+    return list(cached["rows"]) if _stamped(cached, _sequence_stamp(plan, method, groups)) else None
 
 
 def run_sequence(
@@ -192,7 +196,7 @@ def _finished_requests(
     outputs: list[Path] = []
     for k in range(1, n + 1):
         stored = _read_json(root / f"step{k}" / "row.json") or {}
-        if any(stored.get(key) != value for key, value in stamp.items()):
+        if not _stamped(stored, stamp):
             break
         rows.append(stored["row"])
         outputs.append(root / f"step{k}" / "model")
@@ -212,8 +216,7 @@ def _stacked_afresh(
     not finish) and cached."""
     split = plan.settings.sequential_split
     root = _sequence_root(plan, method, seed)
-    fingerprint = _sequence_fingerprint(plan, method, groups)
-    stamp = {"fingerprint": fingerprint, "builds": _builds(plan, split)}
+    stamp = _sequence_stamp(plan, method, groups)
     _, retain = split_paths(plan.data_dir, split)
     dirs = group_dirs(plan, groups)
     rows, stack, model_dir = _finished_requests(root, stamp, len(dirs))
