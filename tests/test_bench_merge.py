@@ -169,6 +169,33 @@ def test_parts_that_cannot_share_a_table_are_refused():
         merge_results([base], ["a"])
 
 
+def test_a_re_run_replaces_whole_runs_only_when_asked():
+    """`replace`: each run held twice comes whole from the later input, which must hold the same requests;
+    the replacements are recorded and carried through a later merge."""
+    table = _results("npo", 0.5, [42, 789, 1024], {42: 0.5, 789: 0.6, 1024: 0.7})
+    rerun = _results("npo", 0.5, [789], {789: 0.65})
+    with pytest.raises(MergeError, match=r"both hold the run \('npo', 'forget10', 1, None, 789\)"):
+        merge_results([table, rerun], ["table", "rerun"])
+
+    merged = merge_results([table, rerun], ["table", "rerun"], replace=True)
+    assert sorted((r["seed"], r["step"], r["HM"]) for r in merged["rows"]) == [
+        (42, 1, 0.5), (42, 2, 0.5), (789, 1, 0.65), (789, 2, 0.65), (1024, 1, 0.7), (1024, 2, 0.7)
+    ]  # fmt: skip
+    assert merged["replaced"] == [
+        {"method": "npo", "split": "forget10", "seed": 789, "was": "table", "by": "rerun"}
+    ]
+    last = next(e for e in merged["summary_step"] if e["step"] == 2)
+    assert last["HM_all"]["mean"] == pytest.approx(statistics.mean([0.7, 0.85, 0.9]))
+
+    again = merge_results([merged, _results("blade", 1.0, [42], {42: 0.5})], ["merged", "blade"])
+    assert again["replaced"] == merged["replaced"]
+
+    partial = copy.deepcopy(rerun)
+    partial["rows"] = [r for r in partial["rows"] if r["step"] == 1]
+    with pytest.raises(MergeError, match=r"with requests \[1\], table holds requests \[1, 2\]"):
+        merge_results([table, partial], ["table", "partial"], replace=True)
+
+
 def test_a_stacked_run_in_two_invocations_merges_on_the_command_line(tmp_path, capsys):
     """`--seed-list 123` runs only that seed; `blade bench-merge` joins it to a `--seeds 1` run (seed 42)
     into one results.json, results.md and plot; unreadable inputs are named with their line."""
@@ -212,3 +239,17 @@ def test_a_stacked_run_in_two_invocations_merges_on_the_command_line(tmp_path, c
     assert f"{broken}: line 3 column 1" in capsys.readouterr().err
     assert main(["bench-merge", str(tmp_path / "a"), str(tmp_path / "nowhere"), "--out", str(out)]) == 2
     assert "no such file" in capsys.readouterr().err
+
+    # seed 123 again (here the same run; in use, a re-run under a corrected setup) replaces its rows
+    twice = ["bench-merge", str(out), str(tmp_path / "b"), "--out", str(tmp_path / "replaced")]
+    assert main(twice) == 2
+    assert "both hold the run" in capsys.readouterr().err
+    assert main([*twice, "--replace"]) == 0
+    assert "4 runs of 1 methods, seeds 42, 123; 1 runs replaced" in capsys.readouterr().err
+    replaced = json.loads((tmp_path / "replaced" / "results.json").read_text())
+    by = str(tmp_path / "b" / "results.json")
+    assert [(r["seed"], r["by"]) for r in replaced["replaced"]] == [(123, by)]
+    assert (
+        "replacing an earlier input's rows (results.json `replaced`): grad_diff seed 123"
+        in (tmp_path / "replaced" / "results.md").read_text()
+    )

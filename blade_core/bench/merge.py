@@ -5,7 +5,11 @@ Inputs are joined only where their rows are comparable: the same test world, tar
 from which methods, seeds and grid points an invocation ran), the same multiplier wherever two chose one for
 the same method, no (method, split or request, seed) twice, and the same model build. A build is proved by
 a validation score that two inputs share to the last digit (each build rounds differently: docs/results.md,
-"Builds are bit-reproducible on one kind of CPU"); without one, the inputs must name the same CPU."""
+"Builds are bit-reproducible on one kind of CPU"); without one, the inputs must name the same CPU.
+
+With `replace`, a run present twice is taken whole (every request or scale of it) from the later input, which
+must hold the same requests or scales: a re-run of some seeds under a corrected setup replaces the rows it
+re-ran, and `replaced` records each such run and where its old and new rows came from."""
 
 from __future__ import annotations
 
@@ -52,6 +56,52 @@ def load_results(path: Path) -> dict[str, Any]:
 
 def _row_key(row: dict[str, Any]) -> tuple[Any, ...]:
     return (row["method"], row["split"], row.get("step"), row.get("scale"), row["seed"])
+
+
+def _run_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    """One run: a method's split (or stacked sequence) at one seed, whatever its requests or scales."""
+    return (row["method"], row["split"], row["seed"])
+
+
+def _parts(rows: Sequence[dict[str, Any]]) -> str:
+    """A run's requests or scales, for comparing and naming them."""
+    steps = sorted(r["step"] for r in rows if r.get("step") is not None)
+    scales = sorted(r["scale"] for r in rows if r.get("scale") is not None)
+    named = [*([f"requests {steps}"] if steps else []), *([f"scales {scales}"] if scales else [])]
+    return " ".join(named) or "one row"
+
+
+def _join_rows(
+    results: Sequence[dict[str, Any]], names: Sequence[str], *, replace: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every input's rows, each run from one input; with `replace`, the last input holding it. Returns the
+    rows and the replacements made."""
+    runs: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    origin: dict[tuple[Any, ...], str] = {}
+    replaced: list[dict[str, Any]] = []
+    for result, name in zip(results, names, strict=True):
+        mine: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        for row in result["rows"]:
+            mine.setdefault(_run_key(row), []).append(row)
+        for run, rows in mine.items():
+            if run in runs and not replace:
+                held = {_row_key(r) for r in runs[run]}
+                if twice := next((_row_key(r) for r in rows if _row_key(r) in held), None):
+                    raise MergeError(f"{name} and {origin[run]} both hold the run {twice}")
+                runs[run] = [*runs[run], *rows]
+                continue
+            if run in runs:
+                old, new = _parts(runs[run]), _parts(rows)
+                if old != new:
+                    raise MergeError(
+                        f"{name} re-ran {run} with {new}, {origin[run]} holds {old}: a replacement must hold "
+                        "the same requests or scales"
+                    )
+                method, split, seed = run
+                was = origin[run]
+                replaced.append({"method": method, "split": split, "seed": seed, "was": was, "by": name})
+            runs[run], origin[run] = rows, name
+    return [row for rows in runs.values() for row in rows], replaced
 
 
 def _check_same(name: str, first: Any, other: Any, a: str, b: str) -> None:
@@ -135,10 +185,15 @@ def _wall_s(result: dict[str, Any]) -> float:
 
 
 def merge_results(
-    results: Sequence[dict[str, Any]], names: Sequence[str], *, only_seeds: Sequence[int] | None = None
+    results: Sequence[dict[str, Any]],
+    names: Sequence[str],
+    *,
+    only_seeds: Sequence[int] | None = None,
+    replace: bool = False,
 ) -> dict[str, Any]:
     """One results.json from several (`names` say where each came from, for messages and `sources`);
-    `only_seeds` keeps those seeds' runs alone, so methods run at different seeds compare like for like."""
+    `only_seeds` keeps those seeds' runs alone, so methods run at different seeds compare like for like;
+    `replace` takes a run present twice from the later input (module docstring)."""
     if len(results) < 2:
         raise MergeError("bench-merge joins two or more results.json")
     first, a = results[0], names[0]
@@ -153,14 +208,7 @@ def merge_results(
     _check_build(results, names)
     selection = _merge_selection(results, names)
 
-    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
-    origin: dict[tuple[Any, ...], str] = {}
-    for result, name in zip(results, names, strict=True):
-        for row in result["rows"]:
-            run = _row_key(row)
-            if run in rows:
-                raise MergeError(f"{name} and {origin[run]} both hold the run {run}")
-            rows[run], origin[run] = row, name
+    rows, replaced = _join_rows(results, names, replace=replace)
     methods = list(dict.fromkeys(m for r in results for m in r["settings"]["methods"]))
     splits = [sp for sp in SPLITS if any(sp in r["settings"]["splits"] for r in results)]
     seeds = sorted({s for r in results for s in r["settings"]["seeds"]}, key=_seed_order)
@@ -168,9 +216,9 @@ def merge_results(
         if missing := [s for s in only_seeds if s not in seeds]:
             raise MergeError(f"seed {missing[0]}: no input ran it (they ran {', '.join(map(str, seeds))})")
         seeds = sorted(only_seeds, key=_seed_order)
-        rows = {run: row for run, row in rows.items() if row["seed"] in seeds}
+        rows = [row for row in rows if row["seed"] in seeds]
     ordered = sorted(
-        rows.values(),
+        rows,
         key=lambda r: (methods.index(r["method"]), r["split"], _seed_order(r["seed"]), r.get("step") or 0),
     )
     reference = list({(r["model"], r["split"]): r for res in results for r in res["reference"]}.values())
@@ -196,6 +244,8 @@ def merge_results(
         "wall_s": round(sum(_wall_s(r) for r in results), 1),
         "sources": [source for r, name in zip(results, names, strict=True) for source in _sources(r, name)],
     }
+    if replaced := [*(e for r in results for e in r.get("replaced", [])), *replaced]:
+        merged["replaced"] = replaced
     if stream:
         for key in ("step", "scale"):
             merged[f"summary_{key}"] = summarise_stream(ordered, key)

@@ -35,10 +35,14 @@ def _provenance(results: dict[str, Any]) -> list[str]:
     sources = results["sources"]  # records: `merge._sources` turned an older merge's bare commands into them
     machines = [results["machine"], *(s["machine"] for s in sources if "machine" in s)]
     kinds = dict.fromkeys(f"{m.get('summary', '?')}, CPU kind {m.get('cpu_identity', '?')}" for m in machines)
-    return [
+    lines = [
         f"Joined by `blade bench-merge` from {len(sources)} invocations (commands: results.json `sources`)  ",
         f"Machines: {'; '.join(kinds)}  ",
     ]
+    if replaced := results.get("replaced"):
+        runs = ", ".join(f"{r['method']} seed {r['seed']}" for r in replaced)
+        lines.append(f"Re-run, replacing an earlier input's rows (results.json `replaced`): {runs}  ")
+    return lines
 
 
 def render_markdown(results: dict[str, Any], plots: Sequence[Path] = ()) -> str:

@@ -151,7 +151,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Joins the results.json of `blade bench` invocations that each ran part of one "
         "protocol (other methods, other seeds: --seed-list) into one results.json and results.md, with mean "
         "± std over every seed. Refuses inputs of another world, target, settings or model build, a method "
-        "chosen at two multipliers, and a run present twice.",
+        "chosen at two multipliers, and a run present twice (unless --replace).",
     )
     m.add_argument(
         "inputs", nargs="+", type=Path, help="results.json files, or the --out directories of bench runs"
@@ -159,6 +159,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--out", type=Path, required=True, help="output directory")
     m.add_argument(
         "--seed-list", help="keep only these seeds' runs, e.g. the seeds every method ran (default: all)"
+    )
+    m.add_argument(
+        "--replace",
+        action="store_true",
+        help="a run (method, split, seed) in two inputs is taken whole from the later one, e.g. seeds re-run "
+        "under a corrected setup; results.json `replaced` lists each (default: refuse runs present twice)",
     )
     m.set_defaults(func=merge)
 
@@ -434,10 +440,13 @@ def merge(args: argparse.Namespace) -> int:
 
     paths = [p / "results.json" if p.is_dir() else p for p in args.inputs]
     only_seeds = _seed_list(args.seed_list, None)
-    merged = merge_results([load_results(p) for p in paths], [str(p) for p in paths], only_seeds=only_seeds)
+    merged = merge_results(
+        [load_results(p) for p in paths], [str(p) for p in paths], only_seeds=only_seeds, replace=args.replace
+    )
     for path in write_merged(args.out, merged):
         print(path)
     seeds = ", ".join(map(str, merged["settings"]["seeds"]))
     methods = len(merged["settings"]["methods"])
-    print(f"{len(merged['rows'])} runs of {methods} methods, seeds {seeds}", file=sys.stderr)
+    replaced = f"; {len(merged.get('replaced', []))} runs replaced" if args.replace else ""
+    print(f"{len(merged['rows'])} runs of {methods} methods, seeds {seeds}{replaced}", file=sys.stderr)
     return 0
