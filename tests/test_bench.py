@@ -434,8 +434,14 @@ def test_a_method_field_set_on_the_command_line_reaches_every_run_of_it(
 ):
     """`--set grad_diff.batch_size=2`: the selection run and the test run both train on 2-row micro-batches
     (fewer forget rows per step than the same runs without it), and results.json and each run's cache
-    fingerprint record the field, so a run cached without it is never reused."""
+    fingerprint record the field, so a run cached without it is never reused. Its runs are stored apart
+    (`runs/grad_diff-set-<digest>/`): on an --out a bench without it used, that bench's runs stay as
+    they were."""
     out = tmp_path / "set"
+    shutil.copytree(one_process_bench[0], out)
+    default = out / "runs" / "grad_diff" / "forget10" / "seed42"
+    before = {p: p.read_bytes() for p in default.glob("**/*.json")}
+    assert default / "row.json" in before
     argv = (
         "--methods",
         "grad_diff",
@@ -450,9 +456,9 @@ def test_a_method_field_set_on_the_command_line_reaches_every_run_of_it(
     assert json.loads((out / "results.json").read_text())["settings"]["overrides"] == {
         "grad_diff": {"batch_size": 2}
     }
-    runs = sorted(out.glob("**/runs/grad_diff/forget10/seed42/**/row.json"))
+    runs = sorted(out.glob("**/runs/grad_diff-set-*/forget10/seed42/**/row.json"))
     assert len(runs) == 2  # the selection's and the test's
-    default = one_process_bench[0] / "runs" / "grad_diff" / "forget10" / "seed42"
+    assert {p: p.read_bytes() for p in default.glob("**/*.json")} == before
     rows_seen = json.loads((default / "history.json").read_text())[-1]["forget_rows_seen"]
     for row in runs:
         assert json.loads(row.read_text())["fingerprint"]["overrides"] == {"batch_size": 2}

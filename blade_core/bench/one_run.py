@@ -244,5 +244,5 @@ def run_one(
 
 
 def _run_dir(plan: BenchPlan, method: str, split: str, seed: int, tag: str = "") -> Path:
-    path = plan.out_dir / "runs" / method / split / f"seed{seed}"
+    path = plan.out_dir / "runs" / plan.runs_name(method) / split / f"seed{seed}"
     return path / tag if tag else path

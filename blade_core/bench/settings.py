@@ -3,6 +3,8 @@ plan (`BenchPlan`, `ValidationWorld`), the seeds, and the parsing of `--methods`
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -130,6 +132,15 @@ class BenchPlan:
     # What the selection scores (selection.py): "request", HM of one request on the selection split;
     # "sequence" (`--select-on sequence`, with --sequential N), HM_all after N stacked requests.
     select_on: str = "request"
+
+    def runs_name(self, method: str) -> str:
+        """The directory a method's cached runs live under: its name, plus a digest of its `--set` fields when
+        it has any, so benches that change a method's config never store runs over each other's (the
+        selection's cache is shared by every bench on one cache dir)."""
+        if not (fields := self.overrides.get(method)):
+            return method
+        digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
+        return f"{method}-set-{digest[:10]}"
 
     @property
     def run_threads(self) -> int:

@@ -151,7 +151,7 @@ def _with_earlier(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[st
 
 
 def _sequence_root(plan: BenchPlan, method: str, seed: int) -> Path:
-    return plan.out_dir / "sequential" / method / f"seed{seed}"
+    return plan.out_dir / "sequential" / plan.runs_name(method) / f"seed{seed}"
 
 
 def _sequence_stamp(plan: BenchPlan, method: str, groups: list[list]) -> dict[str, Any]:
@@ -301,7 +301,7 @@ def _made_afresh(spec: SequenceSpec, log: Log) -> list[dict[str, Any]]:
 
 def run_scale(plan: BenchPlan, method: str, seed: int, scale: int, rows: list, log: Log) -> dict[str, Any]:
     """One request on the target with the scale's forget set (cached; locked as `cache.fresh_run`)."""
-    root = plan.out_dir / "scale" / method / f"seed{seed}" / f"x{scale}"
+    root = plan.out_dir / "scale" / plan.runs_name(method) / f"seed{seed}" / f"x{scale}"
     with dir_lock(root):
         split = plan.settings.sequential_split
         keys: dict[str, Any] = {"scale": scale, "scales": sorted(plan.scales), **_preset_of(method, DRAWN)}
