@@ -4,6 +4,8 @@
   a shared 2-core machine, and results do not depend on how busy the machine is); restored afterwards.
 - `engine_world`: a session-wide directory with a tiny Llama that has memorised its forget and retain rows
   (so forgetting has something to remove), the two JSONL files, and a random-init tiny model.
+- `step_lines_without_clock(mp)`: a heartbeat line after every step, reading 'label: i/N' (the real line's
+  durations come from the clock; tests/test_heartbeat.py checks those for figures it passes in).
 """
 
 from __future__ import annotations
@@ -12,6 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from blade_core import heartbeat
+
+
+def step_lines_without_clock(mp: pytest.MonkeyPatch) -> None:
+    """Through `mp`: a progress line after every step, with only its label, step and total."""
+    mp.setattr(heartbeat, "EVERY_S", 0.0)
+    mp.setattr(heartbeat, "progress_line", lambda label, step, total, elapsed_s: f"{label}: {step}/{total}")
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ import json
 
 import pytest
 
-from blade_core import heartbeat
 from blade_core.bench.stream import author_blocks, scaled_sets, sequential_groups
 from blade_service.cli.main import main
+from tests.fixtures_engine import step_lines_without_clock
 from tests.fixtures_world import ensure_tiny_world
 
 
@@ -39,11 +39,7 @@ def test_author_groups_are_disjoint_and_scales_grow_by_whole_authors(world20):
 
 
 def test_sequential_requests_stack_and_scaled_forget_sets(world20, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(heartbeat, "EVERY_S", 0.0)  # --no-progress: a progress line after every step
-    # the line without its durations, which come from the real clock (test_heartbeat checks those)
-    monkeypatch.setattr(
-        heartbeat, "progress_line", lambda label, step, total, elapsed_s: f"{label}: {step}/{total}"
-    )
+    step_lines_without_clock(monkeypatch)  # --no-progress: a line per step, 'label: i/N'
     out = tmp_path / "bench"
     args = [
         "bench",

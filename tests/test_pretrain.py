@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from blade_core import heartbeat
 from blade_core.build import build_model
 from blade_core.build_common import cpu_identity, numerics
 from blade_core.modeling import (
@@ -33,6 +32,7 @@ from blade_core.pretrain import (
 )
 from blade_core.synth import pretrain_corpus, world_summary, write_world
 from blade_service.cli.main import main
+from tests.fixtures_engine import step_lines_without_clock
 
 # One epoch of each stage on a 6-person corpus: exercises every path of a two-stage build in seconds.
 TINY = TwoStage(
@@ -54,11 +54,7 @@ def built(world: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     cache = root / "cache"
     logged: list[str] = []
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(heartbeat, "EVERY_S", 0.0)  # no progress bar: a progress line after every step
-        # the line without its durations, which come from the real clock (test_heartbeat checks those)
-        patch.setattr(
-            heartbeat, "progress_line", lambda label, step, total, elapsed_s: f"{label}: {step}/{total}"
-        )
+        step_lines_without_clock(patch)  # no progress bar: a line per step, 'label: i/N'
         target = build_model(
             world, root / "target", two_stage=TINY, cache_dir=cache, progress=False, log=logged.append
         )
