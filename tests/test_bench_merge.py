@@ -253,3 +253,9 @@ def test_a_stacked_run_in_two_invocations_merges_on_the_command_line(tmp_path, c
         "replacing an earlier input's rows (results.json `replaced`): grad_diff seed 123"
         in (tmp_path / "replaced" / "results.md").read_text()
     )
+    # a later merge carries the earlier replacement on and counts only its own apart
+    again = ["bench-merge", str(tmp_path / "replaced"), str(tmp_path / "b"), "--replace"]
+    assert main([*again, "--out", str(tmp_path / "again")]) == 0
+    assert "seeds 42, 123; 1 runs replaced (1 more carried from the inputs)" in capsys.readouterr().err
+    carried = json.loads((tmp_path / "again" / "results.json").read_text())["replaced"]
+    assert [(r["seed"], r["by"]) for r in carried] == [(123, by), (123, by)]

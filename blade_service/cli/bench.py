@@ -440,13 +440,16 @@ def merge(args: argparse.Namespace) -> int:
 
     paths = [p / "results.json" if p.is_dir() else p for p in args.inputs]
     only_seeds = _seed_list(args.seed_list, None)
-    merged = merge_results(
-        [load_results(p) for p in paths], [str(p) for p in paths], only_seeds=only_seeds, replace=args.replace
-    )
+    results = [load_results(p) for p in paths]
+    carried = sum(len(r.get("replaced", [])) for r in results)
+    merged = merge_results(results, [str(p) for p in paths], only_seeds=only_seeds, replace=args.replace)
     for path in write_merged(args.out, merged):
         print(path)
     seeds = ", ".join(map(str, merged["settings"]["seeds"]))
     methods = len(merged["settings"]["methods"])
-    replaced = f"; {len(merged.get('replaced', []))} runs replaced" if args.replace else ""
+    replaced = ""
+    if args.replace:
+        replaced = f"; {len(merged.get('replaced', [])) - carried} runs replaced"
+        replaced += f" ({carried} more carried from the inputs)" if carried else ""
     print(f"{len(merged['rows'])} runs of {methods} methods, seeds {seeds}{replaced}", file=sys.stderr)
     return 0
