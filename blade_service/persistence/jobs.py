@@ -433,11 +433,7 @@ def mark_failed(
     message: str,
 ) -> bool:
     """Fail the request with a code and a readable message; False if it was already terminal."""
-    if request is None:
-        if owner is not None:
-            request = lock_owned(session, request_id=str(request_id), owner=owner)
-        else:
-            request = get_request(session, request_id=str(request_id))
+    request = request or _owned_or_any(session, request_id=request_id, owner=owner)
     if request is None or request.status in TERMINAL_STATUSES:
         return False
     _transition(request, RequestStatus.FAILED)
@@ -463,11 +459,7 @@ def mark_cancelled(
     message: str = "cancelled",
 ) -> bool:
     """Cancel the request (a cancel that was asked for has now taken effect); False if already terminal."""
-    if request is None:
-        if owner is not None:
-            request = lock_owned(session, request_id=str(request_id), owner=owner)
-        else:
-            request = get_request(session, request_id=str(request_id))
+    request = request or _owned_or_any(session, request_id=request_id, owner=owner)
     if request is None or request.status in TERMINAL_STATUSES:
         return False
     _transition(request, RequestStatus.CANCELLED)
@@ -481,6 +473,13 @@ def mark_cancelled(
         data={"step": request.step},
     )
     return True
+
+
+def _owned_or_any(session: Session, *, request_id: str | None, owner: str | None) -> UnlearnRequest | None:
+    """With `owner`: the request locked, if `owner` holds its lease (LeaseLost otherwise); else it."""
+    if owner is not None:
+        return lock_owned(session, request_id=str(request_id), owner=owner)
+    return get_request(session, request_id=str(request_id))
 
 
 def _finish(request: UnlearnRequest) -> None:
