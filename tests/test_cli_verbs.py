@@ -90,7 +90,6 @@ def live_url(api_app):
 @pytest.fixture
 def blade(live_url, monkeypatch, capsys):
     """blade(key, *argv) -> (exit status, stdout, stderr), the verb talking to the served test app."""
-    monkeypatch.setenv("COLUMNS", "300")  # rich's table width off a terminal
     monkeypatch.setattr(http, "PAGE_SIZE", 2)  # every list spans pages
 
     def run(key: str, *argv: str) -> tuple[int, str, str]:
@@ -164,8 +163,10 @@ def test_request_verbs(api_client, api_app, ready, blade, enqueued):
 
     status, out, _ = blade(key, "status", request_id, "--events")
     assert status == 0 and "training dynamics" in out and "L_fgt" in out and "lambda" in out
-    event_rows = [ln for ln in out.splitlines() if ln.strip("│ ").startswith(("1 ", "2 "))]
-    assert len(event_rows) == 2, out  # one table row per step, not a JSON dump
+    lines = out.splitlines()  # off a terminal: tab-separated, the column names first
+    at = lines.index("# training dynamics")
+    assert lines[at + 1].split("\t") == ["step", "L_fgt", "L_ret", "lambda", "r"]
+    assert [ln.split("\t")[0] for ln in lines[at + 2 :]] == ["1", "2"], out  # a row per step, not JSON
     status, out, _ = blade(key, "events", request_id, "--json")
     assert [e["step"] for e in json.loads(out)] == [1, 2]
 

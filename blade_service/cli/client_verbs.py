@@ -383,7 +383,9 @@ def _events_table(records: list[dict[str, Any]], header: bool = True) -> None:
     from blade_service.cli import display
 
     present = [c for c in display.EVENT_COLUMNS if any(c in r for r in records)] or ["step"]
-    display.print_table(_console(), records, present, title="training dynamics" if header else None)
+    display.print_table(
+        _console(), records, present, title="training dynamics" if header else None, header=header
+    )
 
 
 def run_requests(args: argparse.Namespace) -> int:

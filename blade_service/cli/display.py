@@ -1,7 +1,7 @@
 """How the client verbs show things: tables, a live progress bar while a request runs, a before/after summary.
 
-Tables and the bar are `rich`'s; when stderr is not a terminal the bar becomes one plain line per new step, so
-logs and CI output stay readable.
+Tables and the bar are `rich`'s on a terminal. Off one (a pipe, a log, CI) tables become tab-separated lines
+and the bar one plain line per new step, so output stays whole and greppable whatever the width.
 
     watch = RunWatch(console)            # feed it each polled state and the newest history record
     watch.update(state, record); watch.close()
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -51,25 +52,51 @@ def print_json(doc: Any) -> None:
 
 
 def print_table(
-    console: Console, rows: Sequence[Mapping[str, Any]], columns: Sequence[str], title: str | None = None
+    console: Console,
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[str],
+    title: str | None = None,
+    *,
+    header: bool = True,
 ) -> None:
-    table = Table(title=title, show_lines=False, header_style="bold")
+    """Rows as rich's table on a terminal wide enough for every cell whole; on a narrower one each row as a
+    record; off a terminal tab-separated lines, the column names first (`header`), for grep, cut and awk."""
+    cells = [[fmt(row.get(c)) for c in columns] for row in rows]
+    if not console.is_terminal:
+        _print_lines(console, [list(columns)] * header + cells, title)
+        return
+    table = Table(title=title, show_lines=False, header_style="bold", show_header=header)
     for column in columns:
-        is_id = column == "id" or column.endswith("_id")
-        table.add_column(column, overflow="fold", no_wrap=is_id)  # ids stay whole, for copy and paste
-    for row in rows:
-        table.add_row(*(fmt(row.get(c)) for c in columns))
+        table.add_column(column, no_wrap=True)
+    for line in cells:
+        table.add_row(*(cell.replace("\t", " ") for cell in line))  # rich mis-measures a tab
+    unbounded = console.options.update_width(sys.maxsize)
+    if console.measure(table, options=unbounded).maximum > console.width:  # else rich squeezes columns
+        for i, row in enumerate(rows):
+            print_record(console, {c: row.get(c) for c in columns}, title if i == 0 else None)
+        return
     console.print(table)
 
 
 def print_record(console: Console, doc: Mapping[str, Any], title: str | None = None) -> None:
-    """One object as a two-column table of its fields."""
+    """One object as a two-column table of its fields (off a terminal: a `field<TAB>value` line each)."""
+    if not console.is_terminal:
+        _print_lines(console, [[key, fmt(value)] for key, value in doc.items()], title)
+        return
     table = Table(title=title, show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     for key, value in doc.items():
         table.add_row(key, fmt(value))
     console.print(table)
+
+
+def _print_lines(console: Console, lines: Sequence[Sequence[str]], title: str | None) -> None:
+    """Tab-separated lines, each cell on one line; the title as a `# ` line before them."""
+    out = [f"# {title}"] if title else []
+    out += ["\t".join(" ".join(cell.split()) for cell in line) for line in lines]
+    if out:
+        print("\n".join(out), file=console.file, flush=True)
 
 
 def progress_text(state: Mapping[str, Any]) -> str:

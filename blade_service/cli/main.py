@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # Command-group modules, in help order.
@@ -52,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("blade: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader stopped (`blade requests | head`): end quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush cannot fail
+        return 141
     except (CliError, FileNotFoundError, ValueError) as exc:
         print(f"blade {args.command}: error: {exc}", file=sys.stderr)
         return 2

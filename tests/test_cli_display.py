@@ -1,0 +1,80 @@
+"""How the client verbs print tables (`blade_service/cli/display.py`): every cell whole at any width, and a
+reader that stops early ends the command quietly."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+from rich.console import Console
+
+from blade_service.cli import display
+
+ADAPTER_ID = "ad_" + "a" * 32
+REQUEST_ID = "req_" + "b" * 32
+ROWS = [
+    {"id": ADAPTER_ID, "version": 3, "state": "active", "request_id": REQUEST_ID, "reason": "a\tb\nc"},
+    {"id": "ad_short", "version": 4, "state": "disabled", "request_id": None, "reason": "gdpr"},
+]
+COLUMNS = ["id", "version", "state", "request_id", "reason"]
+
+
+def _printed(*, terminal: bool, width: int = 80, header: bool = True) -> str:
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=terminal, width=width, color_system=None)
+    display.print_table(console, ROWS, COLUMNS, title="later versions", header=header)
+    return out.getvalue()
+
+
+def test_off_a_terminal_a_table_is_tab_separated_lines_with_its_column_names_first():
+    lines = _printed(terminal=False).splitlines()
+    assert lines[0] == "# later versions"
+    assert [line.split("\t") for line in lines[1:]] == [
+        COLUMNS,
+        [ADAPTER_ID, "3", "active", REQUEST_ID, "a b c"],  # a cell's tabs and newlines never split it
+        ["ad_short", "4", "disabled", "—", "gdpr"],
+    ]
+    assert _printed(terminal=False, header=False).splitlines()[1].startswith(ADAPTER_ID)
+
+
+def test_a_terminal_wide_enough_gets_one_table_with_every_cell_whole():
+    text = _printed(terminal=True, width=200)
+    assert ADAPTER_ID in text and REQUEST_ID in text and "disabled" in text
+    header = next(line for line in text.splitlines() if "request_id" in line)
+    assert all(c in header for c in COLUMNS)  # one header line: no column squeezed to nothing
+    assert max(len(line) for line in text.splitlines()) <= 200
+
+
+def test_a_narrow_terminal_gets_each_row_as_a_record_instead_of_squeezed_columns():
+    text = _printed(terminal=True, width=80)
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert text.count("later versions") == 1  # the title once, before the first record
+    for value in (ADAPTER_ID, REQUEST_ID, "active", "disabled", "gdpr"):
+        assert value in text
+    assert sum(line.startswith("│ version") for line in text.splitlines()) == 2  # a line per record
+
+
+def test_a_record_off_a_terminal_is_a_field_and_value_line_each():
+    out = io.StringIO()
+    display.print_record(Console(file=out, width=40), {"status": "succeeded", "steps": 250, "error": None})
+    assert out.getvalue().splitlines() == ["status\tsucceeded", "steps\t250", "error\t—"]
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly():
+    verb = (
+        "import argparse, sys\n"
+        "from blade_service.cli import main as cli\n"
+        "def verb(args):\n"
+        "    for i in range(200_000):\n"
+        "        print('row', i)\n"
+        "parser = argparse.ArgumentParser()\n"
+        "parser.set_defaults(func=verb, command='rows')\n"
+        "cli.build_parser = lambda: parser\n"
+        "sys.exit(cli.main([]))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", verb], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.read(20).startswith(b"row 0")  # `| head`: read a little, then stop
+    proc.stdout.close()
+    assert proc.wait(timeout=60) == 141  # what a shell reports for a command ended by SIGPIPE
+    assert proc.stderr.read() == b""  # no traceback, no "Exception ignored" at exit
