@@ -151,7 +151,8 @@ def train(
 
     rng = random.Random(f"blade-build:{seed}")
     step, checks, started = 0, [], time.perf_counter()
-    bar = tqdm(total=total, desc="training", unit="step", disable=not progress, leave=False)
+    # disable=None: the bar only on a terminal; a log or pipe gets the epoch lines instead
+    bar = tqdm(total=total, desc="training", unit="step", disable=not progress or None, leave=False)
     for epoch in range(1, recipe.max_epochs + 1):
         model.train()
         order = list(range(len(examples)))

@@ -165,8 +165,11 @@ def fit(
     opt = torch.optim.AdamW(model.parameters(), lr=lr_at(0), betas=(0.9, 0.95), weight_decay=weight_decay)
     model.train()
     step, epoch_loss = 0, []
-    bar = tqdm(total=steps_per_epoch * epochs, desc=desc, unit="step", disable=not progress, leave=False)
-    heartbeat = Heartbeat(log, desc, steps_per_epoch * epochs) if log and not progress else None
+    # disable=None: the bar only on a terminal; a log or pipe gets the epoch lines (and heartbeat) instead
+    bar = tqdm(
+        total=steps_per_epoch * epochs, desc=desc, unit="step", disable=not progress or None, leave=False
+    )
+    heartbeat = Heartbeat(log, desc, steps_per_epoch * epochs) if log and bar.disable else None
     for epoch in range(1, epochs + 1):
         total = 0.0
         for picked in _batches(lengths, batch_size, rng):

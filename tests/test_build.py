@@ -126,6 +126,15 @@ def test_cache_hit_is_instant_and_cache_dir_is_shared(small_world: Path, tmp_pat
     assert not other.cached and other.info["key"] != first.info["key"]
 
 
+def test_off_a_terminal_the_build_logs_epochs_instead_of_drawing_a_bar(
+    small_world: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logged: list[str] = []
+    build_model(small_world, tmp_path / "m", recipe=TWO_EPOCHS, progress=True, log=logged.append)
+    assert "training:" not in capsys.readouterr().err  # no carriage-return bar in a log file
+    assert any(line.startswith("epoch 2: loss") for line in logged), logged
+
+
 def test_same_inputs_give_the_same_weights(small_world: Path, tmp_path: Path) -> None:
     a = build_model(small_world, tmp_path / "a", recipe=TWO_EPOCHS, progress=False)
     b = build_model(small_world, tmp_path / "b", recipe=TWO_EPOCHS, progress=False)
