@@ -9,7 +9,7 @@ import torch
 
 from blade_core.data import BatchStream, collate, format_qa, load_tokenized, tokenize_rows
 from blade_core.testing import tiny_qa_rows, tiny_tokenizer, write_rows
-from blade_service.contracts.records import DatasetError
+from blade_service.contracts.records import DatasetError, read_records
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +80,16 @@ def test_json_array_and_txt_files_load(tok, tmp_path):
     assert len(load_tokenized(tmp_path / "a.json", tok, 64)) == 4
     (tmp_path / "b.txt").write_text("First document here.\n\nSecond one.\n")
     assert load_tokenized(tmp_path / "b.txt", tok, 64).kind == "text"
+
+
+def test_each_row_of_a_json_array_carries_the_line_it_starts_on(tmp_path):
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps(tiny_qa_rows(3, seed=0), indent=2))  # each object spans 11 lines
+    rows, layout = read_records(path)
+    assert layout == "json" and [r.line for r in rows] == [2, 13, 24]
+    path.write_text(json.dumps(tiny_qa_rows(3, seed=0)) + "\n" + json.dumps(tiny_qa_rows(1, seed=1)) + "\n")
+    rows, layout = read_records(path)  # an array per line: rows of line 1, then line 2
+    assert layout == "json-lines-of-arrays" and [r.line for r in rows] == [1, 1, 1, 2]
 
 
 def test_collate_right_pads(tok):

@@ -28,6 +28,7 @@ TEXT_FIELDS: tuple[str, ...] = ("text",)
 DatasetKind = Literal["qa", "text"]
 
 MAX_NESTING = 100  # where a too-deep document's error points; rows are flat objects, real files never nest
+_SPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
 _JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}\n]')  # strings (skipped whole), brackets, newlines
 
 
@@ -77,18 +78,18 @@ def read_records(path: str | Path, *, raw: bytes | None = None) -> tuple[list[Ro
                 rows.append(Row({"text": block.strip()}, line))
             line += block.count("\n") + 2
         return rows, "txt"
-    stripped = text.lstrip()
-    if stripped.startswith("["):
+    if text.lstrip().startswith("["):
         try:
-            whole = json.loads(text)
-        except json.JSONDecodeError:
-            whole = None  # maybe one array per line
+            if not (rows := _array_rows(path, text)):
+                raise DatasetError(path, "no rows found (the file holds an empty JSON array)", line=1)
+            return rows, "json"
+        except json.JSONDecodeError as exc:
+            if not _first_line_is_json(text):  # not one array per line either: the error is the array's
+                raise DatasetError(
+                    path, f"invalid JSON ({exc.msg}, column {exc.colno})", line=exc.lineno
+                ) from None
         except RecursionError:
             raise _too_deep(path, text, 1) from None
-        if isinstance(whole, list):
-            if not whole:
-                raise DatasetError(path, "no rows found (the file holds an empty JSON array)", line=1)
-            return [Row(_as_object(path, item, 1), 1) for item in whole], "json"
     rows = []
     layout = "jsonl"
     for number, line_text in enumerate(text.splitlines(), start=1):
@@ -108,6 +109,37 @@ def read_records(path: str | Path, *, raw: bytes | None = None) -> tuple[list[Ro
     if not rows:
         raise DatasetError(path, "no rows found")
     return rows, layout
+
+
+def _array_rows(path: Path, text: str) -> list[Row]:
+    """The objects of a file that is one JSON array, each with the line it starts on. JSONDecodeError (at its
+    line and column in the file) where the text is not exactly one array."""
+    decoder, at, line = json.JSONDecoder(), 0, 1
+    rows: list[Row] = []
+    i = _SPACE.match(text, text.index("[") + 1).end()
+    if not text.startswith("]", i):
+        while True:
+            item, end = decoder.raw_decode(text, i)  # `[1,]` fails here, as in json.loads
+            line, at = line + text.count("\n", at, i), i
+            rows.append(Row(_as_object(path, item, line), line))
+            i = _SPACE.match(text, end).end()
+            if text.startswith("]", i):
+                break
+            if not text.startswith(",", i):
+                raise json.JSONDecodeError("Expecting ',' delimiter", text, i)
+            i = _SPACE.match(text, i + 1).end()
+    if (rest := _SPACE.match(text, i + 1).end()) < len(text):
+        raise json.JSONDecodeError("Extra data", text, rest)
+    return rows
+
+
+def _first_line_is_json(text: str) -> bool:
+    """Whether the first non-blank line is a JSON value by itself (a file of one array per line)."""
+    try:
+        json.loads(next(line for line in text.splitlines() if line.strip()))
+    except (json.JSONDecodeError, RecursionError):
+        return False
+    return True
 
 
 def _too_deep(path: Path, text: str, first_line: int) -> DatasetError:
