@@ -67,7 +67,7 @@ BAD_UPLOADS = [
         b'[{"question": "q", "answer": "a"},\n {"question": "q2", "answer": }]',
         422,
         "invalid_dataset",
-        ["bad.json, line 2", "invalid JSON", "column 30"],
+        ["bad.json, line 2", "invalid JSON", "column 31"],
     ),
     ("bad.jsonl", b"\xff\xfe\x00garbage", 422, "invalid_dataset", ["UTF-8"]),
     ("empty.jsonl", b"", 422, "invalid_dataset", ["empty"]),
