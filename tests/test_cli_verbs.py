@@ -225,20 +225,27 @@ def test_wait_shows_progress_then_a_summary_table(api_client, api_app, ready, bl
     assert "0.9" in out and "0.05" in out and "-0.85" in out and "converged" in out
 
 
-def test_events_follow_prints_every_step_until_the_end(api_client, api_app, ready, blade, enqueued):
+@pytest.mark.parametrize("as_json", [True, False])
+def test_events_follow_prints_every_step_until_the_end(api_client, api_app, ready, blade, enqueued, as_json):
     request_id = api_client.post(
         "/unlearn-requests", headers=headers(ready.tenant.admin), json=ready.body(params={"max_steps": 5})
     ).json()["id"]
     worker = threading.Thread(target=_run_like_a_worker, args=(api_app, request_id, 5))
-    worker.start()
+    worker.start()  # its first step comes after the first fetch, which finds none
     try:
         status, out, _ = blade(
-            ready.tenant.admin, "events", request_id, "--follow", "--json", "--interval", "0.2"
+            ready.tenant.admin, "events", request_id, "--follow", "--interval", "0.2", *["--json"] * as_json
         )
     finally:
         worker.join()
     assert status == 0
-    assert [json.loads(line)["step"] for line in out.splitlines()] == [1, 2, 3, 4, 5]
+    if as_json:
+        assert [json.loads(line)["step"] for line in out.splitlines()] == [1, 2, 3, 4, 5]
+    else:  # one header, from the first rows, and every later row under it
+        title, header, *rows = out.splitlines()
+        assert (title, header.split("\t")) == ("# training dynamics", ["step", "L_fgt", "L_ret", "lambda"])
+        assert [row.split("\t")[0] for row in rows] == ["1", "2", "3", "4", "5"]
+        assert all(len(row.split("\t")) == 4 for row in rows)
 
 
 def test_download_extracts_the_peft_dir(api_client, api_app, ready, blade, tmp_path):

@@ -379,13 +379,17 @@ def run_status(args: argparse.Namespace) -> int:
     return _exit_code(state) if args.wait else 0
 
 
-def _events_table(records: list[dict[str, Any]], header: bool = True) -> None:
+def _events_table(records: list[dict[str, Any]], columns: list[str] | None = None) -> list[str]:
+    """The records as a table under a title; with `columns` (a follow's later rows), only rows in those
+    columns. Returns the columns used."""
     from blade_service.cli import display
 
-    present = [c for c in display.EVENT_COLUMNS if any(c in r for r in records)] or ["step"]
+    header = columns is None
+    columns = columns or [c for c in display.EVENT_COLUMNS if any(c in r for r in records)] or ["step"]
     display.print_table(
-        _console(), records, present, title="training dynamics" if header else None, header=header
+        _console(), records, columns, title="training dynamics" if header else None, header=header
     )
+    return columns
 
 
 def run_requests(args: argparse.Namespace) -> int:
@@ -411,12 +415,15 @@ def run_events(args: argparse.Namespace) -> int:
     Lines with `--json`) until the request ends."""
     from blade_service.client import TERMINAL_STATES
 
-    def show(records: list[dict[str, Any]], first: bool) -> None:
+    columns: list[str] | None = None  # fixed by the first rows, so later rows line up under that header
+
+    def show(records: list[dict[str, Any]]) -> None:
+        nonlocal columns
         if args.json:
             for r in records:
                 print(json.dumps(r, default=str), flush=True)
-        elif records or first:
-            _events_table(records, header=first)
+        elif records:
+            columns = _events_table(records, columns)
 
     def go(client: Any) -> None:
         records = client.events(args.request_id)
@@ -426,12 +433,12 @@ def run_events(args: argparse.Namespace) -> int:
             else:
                 _events_table(records)
             return
-        show(records, first=True)
+        show(records)
         last = records[-1]["step"] if records else 0
         while True:
             ended = client.status(args.request_id)["status"] in TERMINAL_STATES  # before the last fetch
             newer = client.events(args.request_id, after_step=last)
-            show(newer, first=False)
+            show(newer)
             last = newer[-1]["step"] if newer else last
             if ended:
                 return
