@@ -23,6 +23,7 @@ from transformers import (
 )
 
 from blade_service.contracts.errors import BaseModelUnavailable
+from blade_service.contracts.hub_ids import could_be_hub_id
 
 SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
 
@@ -140,9 +141,17 @@ def fetch_hub_model(repo_id: str, revision: str | None = None) -> Path:
     return Path(str(path))
 
 
+def _require_dir_or_hub_id(ref: str | Path) -> None:
+    """BaseModelUnavailable for a reference that names no existing path and cannot be a hub id, so a
+    mistyped directory reads as one instead of as the hub's complaint about repository names."""
+    if not Path(str(ref)).exists() and not could_be_hub_id(str(ref)):
+        raise BaseModelUnavailable(f"{ref}: no such directory (nor a hub id: name or namespace/name)")
+
+
 def load_tokenizer(ref: str | Path, revision: str | None = None) -> PreTrainedTokenizerBase:
     """Tokenizer of a local model dir or hub id (at `revision`), with a pad token guaranteed (eos when the
     model has none)."""
+    _require_dir_or_hub_id(ref)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(ref), revision=revision, trust_remote_code=False)
     except (OSError, ValueError) as exc:  # no such dir or hub id, no tokenizer files, unreadable files
@@ -163,6 +172,7 @@ def load_model(
     device = device or pick_device()
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    _require_dir_or_hub_id(ref)
     path = Path(str(ref))
     if path.exists() and not (path / "config.json").is_file():
         raise BaseModelUnavailable(f"{path}: not a model directory (no config.json)")

@@ -130,6 +130,23 @@ def test_malformed_hub_ids_name_the_field(source, revision, field):
     assert caught.value.message.startswith(f"{field}: ")
 
 
+@pytest.mark.parametrize("ref", ["var/models/mistyped", "./mistyped", "/models/none", "~/none", "a/../b"])
+def test_a_missing_directory_that_cannot_be_a_hub_id_is_named_as_one(ref):
+    from blade_core.modeling import load_model, load_tokenizer
+    from blade_service.contracts.errors import BaseModelUnavailable
+
+    for load in (load_model, load_tokenizer):
+        with pytest.raises(BaseModelUnavailable, match=r": no such directory \(nor a hub id"):
+            load(ref)
+
+
+@pytest.mark.parametrize(("ref", "could"), [("gpt2", True), ("org/name", True), ("org/na--me", False)])
+def test_a_hub_id_may_be_unscoped_for_the_engine(ref, could):
+    from blade_service.contracts.hub_ids import could_be_hub_id
+
+    assert could_be_hub_id(ref) is could
+
+
 def test_hub_snapshot_dirs_are_recognised(tmp_path):
     assert hub.is_hub_snapshot(tmp_path / "hub" / "models--org--tiny" / "snapshots" / MAIN)
     assert not hub.is_hub_snapshot(tmp_path / "models" / "tiny")

@@ -116,21 +116,27 @@ def _array_rows(path: Path, text: str) -> list[Row]:
     line and column in the file) where the text is not exactly one array."""
     decoder, at, line = json.JSONDecoder(), 0, 1
     rows: list[Row] = []
-    i = _SPACE.match(text, text.index("[") + 1).end()
+    i = _after_space(text, text.index("[") + 1)
     if not text.startswith("]", i):
         while True:
             item, end = decoder.raw_decode(text, i)  # `[1,]` fails here, as in json.loads
             line, at = line + text.count("\n", at, i), i
             rows.append(Row(_as_object(path, item, line), line))
-            i = _SPACE.match(text, end).end()
+            i = _after_space(text, end)
             if text.startswith("]", i):
                 break
             if not text.startswith(",", i):
                 raise json.JSONDecodeError("Expecting ',' delimiter", text, i)
-            i = _SPACE.match(text, i + 1).end()
-    if (rest := _SPACE.match(text, i + 1).end()) < len(text):
+            i = _after_space(text, i + 1)
+    if (rest := _after_space(text, i + 1)) < len(text):
         raise json.JSONDecodeError("Extra data", text, rest)
     return rows
+
+
+def _after_space(text: str, i: int) -> int:
+    """The index of the first character at or after `i` that is not JSON whitespace."""
+    match = _SPACE.match(text, i)
+    return match.end() if match else i
 
 
 def _first_line_is_json(text: str) -> bool:

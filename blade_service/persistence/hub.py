@@ -13,14 +13,11 @@ from urllib.parse import quote
 
 import httpx
 
+from blade_service.contracts.hub_ids import HUB_ID
 from blade_service.persistence.errors import Invalid
 
 log = logging.getLogger("blade.hub")
 
-# The hub's repo-name rules (huggingface_hub.utils.validate_repo_id): letters, digits, '-', '_', '.', at most
-# 96 characters per part, no '--' or '..', not starting or ending with '-' or '.'.
-_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9_])?"
-HUB_ID = re.compile(rf"^{_PART}/{_PART}$")
 # A commit sha, tag or branch (git ref rules, simplified): no whitespace, '..', '~^:?*[\' or leading '-'/'/'.
 REVISION = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/+-]{0,254}$")
 LOCAL_PREFIXES = ("/", "./", "../", "~")
