@@ -29,9 +29,12 @@ def has_checkpoint(directory: str | Path | None) -> bool:
     return directory is not None and checkpoint_path(directory).is_file()
 
 
+NOT_FINGERPRINTED = frozenset({"checkpoint_every", "show_progress"})  # when it saves, whether a bar is drawn
+
+
 def config_fingerprint(config: Any) -> Any:
-    """The config as plain JSON (tuples as lists) minus `checkpoint_every`: what a checkpoint must match."""
-    return json.loads(json.dumps({k: v for k, v in asdict(config).items() if k != "checkpoint_every"}))
+    """The config as plain JSON (tuples as lists) minus NOT_FINGERPRINTED: what a checkpoint must match."""
+    return json.loads(json.dumps({k: v for k, v in asdict(config).items() if k not in NOT_FINGERPRINTED}))
 
 
 def _default(field: Any) -> Any:
@@ -55,7 +58,7 @@ def config_mismatch(saved: Mapping[str, Any] | None, config: Any) -> list[str]:
     now = config_fingerprint(config)
     defaults = {f.name: _default(f) for f in fields(config)}
     diffs = []
-    for name in sorted(set(now) | set(saved)):
+    for name in sorted((set(now) | set(saved)) - NOT_FINGERPRINTED):  # older checkpoints saved them
         if name not in now:
             diffs.append(f"{name}: {saved[name]!r} -> (no longer a setting)")
         elif name not in saved:

@@ -148,6 +148,8 @@ def run_unlearning(
     out_dir. Learning rates not in `overrides` follow blade_core/lr_scale.py's rule (factor `lr_scale`, by
     default the model's own; times `lr_multiplier`); forget Prob is measured before and after."""
     config = build_config(method, preset, overrides, max_steps, seed)
+    if getattr(config, "show_progress", False):  # `progress` draws the one bar, for every method alike
+        config = dataclasses.replace(config, show_progress=False)
     adapters = [lora.check_adapter_dir(a) for a in adapters]
     dev = pick_device(device)
     started = time.time()

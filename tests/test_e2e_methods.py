@@ -81,6 +81,8 @@ def test_every_method_trains_a_stackable_lora_adapter(e2e_logs, world, tiny_mode
             assert any("lora_" in n for n, _ in model.named_parameters()), method
         versions = [a["request_id"] for a in c.adapters(world["base_model"])]
         assert versions == list(submitted.values())  # one version per request, in submission order
+    log = e2e.logs["gpu"].read_text(errors="replace")  # JSON lines: no tqdm bar from a loop or a model load
+    assert "\r" not in log and "Loading weights" not in log, log[-2000:]
 
 
 def test_a_full_parameter_request_is_refused_naming_the_field(e2e_logs, world):

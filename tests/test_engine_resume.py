@@ -173,3 +173,6 @@ def test_config_mismatch_names_each_field():
         "lr: 0.002 -> 0.001",
     ]
     assert config_mismatch(None, now) == ["(the checkpoint records no config)"]
+    # how often it saves, whether it draws a bar: nothing computed, whatever an older checkpoint saved
+    assert config_mismatch({"lr": 1e-3, "modules": ["q", "v"], "show_progress": True}, now) == []
+    assert config_mismatch({"lr": 1e-3, "modules": ["q", "v"]}, _Config(checkpoint_every=5)) == []

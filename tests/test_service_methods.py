@@ -104,3 +104,18 @@ def test_loading_a_model_that_is_not_there_raises_base_model_unavailable(tmp_pat
         load_model(tmp_path / "weights-only")  # a config but no safetensors weights
     with pytest.raises(BaseModelUnavailable, match="tokenizer"):
         load_tokenizer(tmp_path / "weights-only")
+
+
+def test_a_baseline_draws_no_bar_of_its_own_under_the_runner(tiny_model_dir, tmp_path, capsys):
+    """The worker runs with progress=False: its log (JSON lines) gets no tqdm bar from a baseline's loop."""
+    from blade_core.unlearn import run_unlearning
+
+    forget = write_rows(tmp_path / "forget.jsonl", forget_rows())
+    retain = write_rows(tmp_path / "retain.jsonl", retain_rows())
+    overrides = {"max_steps": 2, "max_length": 64, "batch_size": 2, "grad_accum": 1}
+    out = run_unlearning(
+        model=str(tiny_model_dir), forget=forget, retain=retain, out_dir=tmp_path / "npo", method="npo",
+        preset="lora", overrides=overrides, progress=False,
+    )  # fmt: skip
+    assert out.status == "max_steps" and len(out.history) == 2
+    assert "npo:" not in capsys.readouterr().err

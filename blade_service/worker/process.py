@@ -42,12 +42,16 @@ def _preload(**_: Any) -> None:
     starts in milliseconds instead of re-importing torch. Importing torch does not initialise CUDA: that still
     happens only inside a task, in the child."""
     try:
+        from transformers.utils import logging as hf_logging
+
         import blade_core.evaluation.generation
         import blade_core.evaluation.request
         import blade_core.lora
         import blade_core.unlearn  # noqa: F401
     except ImportError as exc:  # the [ml] extra is missing: tasks will fail with a readable error
         log.warning("worker.preload_failed", extra={"error": repr(exc)})
+        return
+    hf_logging.disable_progress_bar()  # a "Loading weights" bar per model load is no line of a JSON log
 
 
 def free_accelerator() -> None:
