@@ -149,7 +149,8 @@ def run_unlearning(
     default the model's own; times `lr_multiplier`); forget Prob is measured before and after."""
     config = build_config(method, preset, overrides, max_steps, seed)
     if getattr(config, "show_progress", False):  # `progress` draws the one bar, for every method alike
-        config = dataclasses.replace(config, show_progress=False)
+        baseline: Any = config  # show_progress is a baseline field, not MethodConfig's
+        config = dataclasses.replace(baseline, show_progress=False)
     adapters = [lora.check_adapter_dir(a) for a in adapters]
     dev = pick_device(device)
     started = time.time()
