@@ -174,6 +174,22 @@ def test_bad_requests_name_the_field_and_store_nothing(
     assert row_counts(db_engine) == before and len(enqueued()) == sent
 
 
+def test_every_bad_param_is_named_in_one_answer(api_client, ready, db_engine):
+    before = row_counts(db_engine)
+    resp = submit(api_client, ready, params={"tau": "lots", "max_step": 10, "eta_out": 5, "lora_r": 8})
+    assert resp.status_code == 422, resp.text
+    error = resp.json()["error"]
+    assert error["field"] == "params.tau"  # the first, as a client reading one field expects
+    assert "params.tau: cannot use 'lots'" in error["message"]
+    assert "params.max_step: unknown" in error["message"]
+    assert row_counts(db_engine) == before
+    # bounds are checked once every type is right, and every bound broken is named
+    resp = submit(api_client, ready, params={"eta_out": 5, "tau": 3})
+    message = resp.json()["error"]["message"]
+    assert resp.status_code == 422
+    assert "params.eta_out: must be" in message and "params.tau: must be" in message
+
+
 def test_same_dataset_twice_and_missing_fields_are_refused(api_client, ready, db_engine):
     before = row_counts(db_engine)
     resp = submit(api_client, ready, retain_dataset=ready.forget)

@@ -54,6 +54,14 @@ def test_bad_params_name_the_field(params, field):
     assert info.value.field == field
 
 
+def test_every_field_at_fault_is_named_the_first_as_the_field():
+    with pytest.raises(ParamError) as info:
+        validate_params("npo", {"beta": "x", "nope": 1, "gamma": None})
+    assert info.value.field == "beta"
+    assert [e.field for e in info.value.all()] == ["beta", "nope", "gamma"]
+    assert str(info.value).count("NPOConfig.") == 3
+
+
 def test_good_params_pass_and_ints_normalise():
     assert validate_params("blade", {"max_steps": 5.0, "tau": 0.6, "epsilon": None}) == {
         "max_steps": 5,

@@ -11,13 +11,20 @@ class ParamError(ContractError):
     """An unusable parameter: `field` is its name (e.g. `tau`), `message` what is wrong with it.
 
     `owner` is the config class the field belongs to (e.g. `BladeConfig`), so `str()` reads
-    `BladeConfig.tau: must be float in (0, 1], got 1.5`; the API shows `params.tau: <message>` instead."""
+    `BladeConfig.tau: must be float in (0, 1], got 1.5`; the API shows `params.tau: <message>` instead.
+    `others`: the further parameters at fault in the same params (ParamErrors); `str()` names them too."""
 
-    def __init__(self, field: str, message: str, owner: str = ""):
-        super().__init__(f"{owner}.{field}: {message}" if owner else f"{field}: {message}")
+    def __init__(self, field: str, message: str, owner: str = "", others: tuple[ParamError, ...] = ()):
+        one = f"{owner}.{field}: {message}" if owner else f"{field}: {message}"
+        super().__init__("; ".join([one, *(str(e) for e in others)]))
         self.field = field
         self.message = message
         self.owner = owner
+        self.others = others
+
+    def all(self) -> list[ParamError]:
+        """This fault and the others, in the order the params gave them."""
+        return [ParamError(self.field, self.message, self.owner), *self.others]
 
 
 class BaseModelUnavailable(FileNotFoundError):

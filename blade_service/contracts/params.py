@@ -145,15 +145,19 @@ def _build(config_class: type[MethodConfig], values: Mapping[str, Any]) -> Metho
     try:
         return config_class(**values)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        cause = (error.get("ctx") or {}).get("error")
-        if isinstance(cause, ParamError):
-            raise cause from None
-        name = str(error["loc"][0]) if error["loc"] else "params"
         fields = config_class.__pydantic_fields__  # type: ignore[attr-defined]
-        value = values.get(name, error.get("input"))
-        what = describe_field(fields[name]) if name in fields else error["msg"]
-        raise ParamError(name, f"must be {what}, got {value!r:.60}", owner) from None
+        faults = []
+        for error in exc.errors():
+            cause = (error.get("ctx") or {}).get("error")
+            if isinstance(cause, ParamError):  # a check across fields, which has its own words
+                faults.append(cause)
+                continue
+            name = str(error["loc"][0]) if error["loc"] else "params"
+            value = values.get(name, error.get("input"))
+            what = describe_field(fields[name]) if name in fields else error["msg"]
+            faults.append(ParamError(name, f"must be {what}, got {value!r:.60}", owner))
+        first, *others = faults
+        raise ParamError(first.field, first.message, first.owner, tuple(others)) from None
 
 
 def check_params(
@@ -178,18 +182,28 @@ def check_params(
         fields = dict(config_class.__pydantic_fields__)  # type: ignore[attr-defined]
     owner = config_class.__name__
     checked: dict[str, Any] = {}
+    faults: list[ParamError] = []  # every field's, so one answer names them all
     for name, value in params.items():
         if name not in fields:
-            raise ParamError(
-                name,
-                f"unknown parameter {name!r} for method {method!r} (value {value!r:.60}); "
-                f"known: {', '.join(sorted(fields))}",
-                owner,
+            faults.append(
+                ParamError(
+                    name,
+                    f"unknown parameter {name!r} for method {method!r} (value {value!r:.60}); "
+                    f"known: {', '.join(sorted(fields))}",
+                    owner,
+                )
             )
-        checked[name] = check_type(
-            name, fields[name], from_text(fields[name], value) if text else value, owner
-        )
-    _build(config_class, checked)
+            continue
+        try:
+            checked[name] = check_type(
+                name, fields[name], from_text(fields[name], value) if text else value, owner
+            )
+        except ParamError as exc:
+            faults.append(exc)
+    if faults:
+        first, *others = faults
+        raise ParamError(first.field, first.message, first.owner, tuple(others))
+    _build(config_class, checked)  # the checks across fields, once each field is usable
     return checked
 
 

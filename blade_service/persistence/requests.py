@@ -481,9 +481,11 @@ def submit_request(
         )
     try:
         checked = validate_params(method, params)
-    except ParamError as exc:
+    except ParamError as exc:  # every field at fault, the first as `field`
         raise Invalid(
-            f"params.{exc.field}: {exc.message}", code="invalid_param", field=f"params.{exc.field}"
+            "; ".join(f"params.{e.field}: {e.message}" for e in exc.all()),
+            code="invalid_param",
+            field=f"params.{exc.field}",
         ) from None
     if checked.get("use_lora") is False:  # every result is an adapter version: it must stack and roll back
         raise Invalid(
