@@ -74,6 +74,9 @@ def test_gate_compaction_and_export(e2e_logs, stack_world, tiny_model_dir, tmp_p
             done = c.wait(req["id"], timeout=180, interval=0.3)
             assert done["status"] == "succeeded", done
             assert done["gate"]["passed"] and done["gate"]["canary"] == "retain_sample"
+            mia = {r["rule"]: r for r in done["gate"]["rules"]}["max_mia_auc_gap"]  # off, but measured
+            assert mia["passed"] is None and isinstance(mia["after"], float)
+            assert mia["after"] == c.metrics(done["id"])["after"]["mia"]["auc"]
             passed.append(done["adapter_id"])
             passed_requests.append(done["id"])
         archive = c.download_adapter(passed[1], tmp_path / "v2")

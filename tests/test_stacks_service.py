@@ -68,6 +68,33 @@ def test_policy_defaults_validation_and_verdict():
     assert off["passed"]
 
 
+def test_the_mia_rule_holds_back_an_adapter_whose_forget_rows_stand_out_either_way():
+    assert policy.DEFAULT_POLICY["max_mia_auc_gap"] is None  # off unless an operator sets it
+    for bad in (-0.1, 0.6, True):
+        with pytest.raises(
+            Invalid, match=r"policy\.max_mia_auc_gap: must be null or a number in \[0, 0\.5\]"
+        ):
+            policy.parse({"max_mia_auc_gap": bad})
+    rules = policy.parse({"max_mia_auc_gap": 0.2})
+    fine = {"Prob": 0.8, "ROUGE": 0.9}
+
+    def verdict(mia: dict | None) -> dict:
+        return policy.evaluate(
+            rules, canary_before=fine, canary_after=fine, forget_after={"Prob": 0.0, "ROUGE": 0.1},
+            canary_source="retain_sample", mia_after=mia,
+        )  # fmt: skip
+
+    over = verdict({"auc": 0.008, "score": "loss", "reference": "retain"})  # the demo's BLADE request
+    assert over["failed"] == ["max_mia_auc_gap"]
+    assert "max_mia_auc_gap: measured 0.4920 > limit 0.2" in policy.failure_message(over)
+    assert verdict({"auc": 0.93})["failed"] == ["max_mia_auc_gap"]  # still remembered: as telling
+    by_rule = {r["rule"]: r for r in verdict({"auc": 0.62})["rules"]}
+    assert by_rule["max_mia_auc_gap"]["passed"] is True
+    assert by_rule["max_mia_auc_gap"]["value"] == pytest.approx(0.12)
+    assert by_rule["max_mia_auc_gap"]["after"] == 0.62
+    assert verdict(None)["passed"] and verdict({"auc": float("nan")})["passed"]  # nothing measured
+
+
 # --- registry: compacted versions and overrides ------------------------------------------------------------
 
 

@@ -9,11 +9,17 @@ the effective model on a canary set, and the forget set after the request, and `
 | `min_retain_rouge_ratio` | canary ROUGE-L after / before ≥ limit | 0.5 |
 | `max_forget_prob` | forget Prob after ≤ limit | null (off) |
 | `max_forget_rouge` | forget ROUGE-L after ≤ limit | null (off) |
+| `max_mia_auc_gap` | the loss MIA AUC after (forget vs reference rows) within limit of 0.5 | null (off) |
 
 Why these defaults: halving retained utility is the collapse the BLADE paper reports for the baselines under
 sequential requests (HM 0.58 -> 0.02); healthy runs keep retain Prob/ROUGE within a few percent (the demo
 request: 0.90/0.97). What counts as "forgotten" depends on the data (a fact the base model half-knew from
-pre-training), so the forget limits are off until an operator sets them per model.
+pre-training), so the forget limits are off until an operator sets them per model. The MIA rule reads the
+request's loss attack after training (forget rows against the holdout, else the retain sample): an AUC far
+from 0.5 either way tells an attacker which rows were the forget set, too well remembered (near 1) or
+forgotten past the model's other rows (near 0, the over-unlearning the demo's BLADE request shows: 0.008).
+Off by default, as a memorised world's forget and retain rows read alike before unlearning and far apart
+after almost any run that forgets.
 
 The canary set is the base model's `canary_dataset_id` when registered (measured before and after on the
 same rows), else the request's own retain sample (the before/after metrics). A failing adapter is stored
@@ -32,19 +38,23 @@ from blade_service.persistence import audit
 from blade_service.persistence.errors import Invalid
 from blade_service.persistence.models import BaseModel, Dataset
 
-# rule -> (default, kind): "min_ratio" compares canary after/before, "max" compares forget after
+# rule -> (default, kind): "min_ratio" compares canary after/before, "max" compares forget after, "max_gap"
+# the MIA AUC's distance from chance
 RULES: dict[str, tuple[float | None, str]] = {
     "min_retain_prob_ratio": (0.5, "min_ratio"),
     "min_retain_rouge_ratio": (0.5, "min_ratio"),
     "max_forget_prob": (None, "max"),
     "max_forget_rouge": (None, "max"),
+    "max_mia_auc_gap": (None, "max_gap"),
 }
+_UPPER = {"min_ratio": 10.0, "max": 1.0, "max_gap": 0.5}  # the largest limit each kind can mean
 DEFAULT_POLICY: dict[str, Any] = {"enabled": True, **{rule: default for rule, (default, _) in RULES.items()}}
 _FIGURE = {  # rule -> the figure it reads (of the canary metrics for ratios, of the forget metrics for max)
     "min_retain_prob_ratio": "Prob",
     "min_retain_rouge_ratio": "ROUGE",
     "max_forget_prob": "Prob",
     "max_forget_rouge": "ROUGE",
+    "max_mia_auc_gap": "auc",
 }
 
 
@@ -66,7 +76,7 @@ def parse(raw: dict[str, Any] | None) -> dict[str, Any]:
             raise Invalid(f"policy.{name}: unknown rule (known: {known})", field=f"policy.{name}")
         if value is not None:
             bad = isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
-            upper = 10.0 if RULES[name][1] == "min_ratio" else 1.0
+            upper = _UPPER[RULES[name][1]]
             if bad or not 0.0 <= float(value) <= upper:
                 raise Invalid(
                     f"policy.{name}: must be null or a number in [0, {upper:g}], got {value!r}",
@@ -96,8 +106,11 @@ def evaluate(
     canary_after: dict[str, Any],
     forget_after: dict[str, Any],
     canary_source: str,
+    mia_after: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The gate's verdict: {"passed", "failed": [rules], "rules": [{rule, limit, value, passed}], ...}."""
+    """The gate's verdict: {"passed", "failed": [rules], "rules": [{rule, limit, value, passed}], ...}.
+    `mia_after`: the request's `mia` block after training ({"auc", ...}); without it the MIA rule cannot
+    fail."""
     rules, failed = [], []
     for rule, (_, kind) in RULES.items():
         limit = policy.get(rule)
@@ -105,6 +118,10 @@ def evaluate(
         if kind == "min_ratio":
             value = _ratio(canary_after.get(figure), canary_before.get(figure))
             before, after = canary_before.get(figure), canary_after.get(figure)
+        elif kind == "max_gap":
+            after = (mia_after or {}).get(figure)
+            finite = isinstance(after, int | float) and math.isfinite(after)
+            value, before = (abs(after - 0.5) if finite else None), None
         else:
             value, before, after = forget_after.get(figure), None, forget_after.get(figure)
         if limit is None or not policy.get("enabled", True):

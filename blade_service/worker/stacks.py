@@ -106,6 +106,7 @@ def gate_verdict(
         canary_after=canary_after,
         forget_after=after["forget"],
         canary_source=source,
+        mia_after=after.get("mia"),
     )
     verdict["canary_metrics"] = {"before": canary_before, "after": canary_after}
     if earlier:
