@@ -120,8 +120,9 @@ def evaluate(
             before, after = canary_before.get(figure), canary_after.get(figure)
         elif kind == "max_gap":
             after = (mia_after or {}).get(figure)
-            finite = isinstance(after, int | float) and math.isfinite(after)
-            value, before = (abs(after - 0.5) if finite else None), None
+            value, before = None, None
+            if isinstance(after, int | float) and math.isfinite(after):
+                value = abs(after - 0.5)
         else:
             value, before, after = forget_after.get(figure), None, forget_after.get(figure)
         if limit is None or not policy.get("enabled", True):
