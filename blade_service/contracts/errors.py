@@ -22,8 +22,14 @@ class ParamError(ContractError):
         self.owner = owner
         self.others = others
 
+    @classmethod
+    def of(cls, faults: list[ParamError]) -> ParamError:
+        """One error for several faults (at least one): the first, carrying the rest."""
+        first, *others = faults
+        return cls(first.field, first.message, first.owner, (*first.others, *others))
+
     def all(self) -> list[ParamError]:
-        """This fault and the others, in the order the params gave them."""
+        """This fault and the others, in the order they were found."""
         return [ParamError(self.field, self.message, self.owner), *self.others]
 
 

@@ -156,8 +156,7 @@ def _build(config_class: type[MethodConfig], values: Mapping[str, Any]) -> Metho
             value = values.get(name, error.get("input"))
             what = describe_field(fields[name]) if name in fields else error["msg"]
             faults.append(ParamError(name, f"must be {what}, got {value!r:.60}", owner))
-        first, *others = faults
-        raise ParamError(first.field, first.message, first.owner, tuple(others)) from None
+        raise ParamError.of(faults) from None
 
 
 def check_params(
@@ -201,8 +200,7 @@ def check_params(
         except ParamError as exc:
             faults.append(exc)
     if faults:
-        first, *others = faults
-        raise ParamError(first.field, first.message, first.owner, tuple(others))
+        raise ParamError.of(faults)
     _build(config_class, checked)  # the checks across fields, once each field is usable
     return checked
 
