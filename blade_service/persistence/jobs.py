@@ -476,7 +476,7 @@ def mark_cancelled(
 
 
 def _owned_or_any(session: Session, *, request_id: str | None, owner: str | None) -> UnlearnRequest | None:
-    """With `owner`: the request locked, if `owner` holds its lease (LeaseLost otherwise); else it."""
+    """With `owner`: the request locked, if `owner` holds its lease (LeaseLost otherwise); without: as is."""
     if owner is not None:
         return lock_owned(session, request_id=str(request_id), owner=owner)
     return get_request(session, request_id=str(request_id))

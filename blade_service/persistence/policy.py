@@ -49,7 +49,7 @@ RULES: dict[str, tuple[float | None, str]] = {
 }
 _UPPER = {"min_ratio": 10.0, "max": 1.0, "max_gap": 0.5}  # the largest limit each kind can mean
 DEFAULT_POLICY: dict[str, Any] = {"enabled": True, **{rule: default for rule, (default, _) in RULES.items()}}
-_FIGURE = {  # rule -> the figure it reads (of the canary metrics for ratios, of the forget metrics for max)
+_FIGURE = {  # rule -> the figure it reads: of the canary metrics (ratios), forget metrics (max), MIA (gap)
     "min_retain_prob_ratio": "Prob",
     "min_retain_rouge_ratio": "ROUGE",
     "max_forget_prob": "Prob",
