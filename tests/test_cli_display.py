@@ -4,6 +4,7 @@ reader that stops early ends the command quietly."""
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 
@@ -61,20 +62,32 @@ def test_a_record_off_a_terminal_is_a_field_and_value_line_each():
     assert out.getvalue().splitlines() == ["status\tsucceeded", "steps\t250", "error\t—"]
 
 
-def test_a_reader_that_stops_early_ends_the_command_quietly():
-    verb = (
-        "import argparse, sys\n"
+def _cli_running(verb: str) -> list[str]:
+    """A python command line that runs `blade`'s main with one verb whose body is `verb` (uses `os`)."""
+    script = (
+        "import argparse, os, sys\n"
         "from blade_service.cli import main as cli\n"
         "def verb(args):\n"
-        "    for i in range(200_000):\n"
-        "        print('row', i)\n"
+        f"    {verb}\n"
         "parser = argparse.ArgumentParser()\n"
-        "parser.set_defaults(func=verb, command='rows')\n"
+        "parser.set_defaults(func=verb, command='verb')\n"
         "cli.build_parser = lambda: parser\n"
         "sys.exit(cli.main([]))\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", verb], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return [sys.executable, "-c", script]
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly():
+    rows = _cli_running("for i in range(200_000): print('row', i)")
+    proc = subprocess.Popen(rows, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout.read(20).startswith(b"row 0")  # `| head`: read a little, then stop
     proc.stdout.close()
     assert proc.wait(timeout=60) == 141  # what a shell reports for a command ended by SIGPIPE
     assert proc.stderr.read() == b""  # no traceback, no "Exception ignored" at exit
+
+
+def test_off_a_terminal_the_hub_and_transformers_draw_no_bars():
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
+    show = _cli_running("print(os.environ.get('HF_HUB_DISABLE_PROGRESS_BARS'))")
+    done = subprocess.run(show, capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "1", done.stderr  # its stderr is a pipe

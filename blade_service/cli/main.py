@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if not sys.stderr.isatty():  # the hub's and transformers' bars (model loads and saves) only on a terminal
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # read when transformers is imported
     args = build_parser().parse_args(argv)
     try:
         result = args.func(args)
