@@ -92,6 +92,10 @@ def test_cli_synth_and_build_text(tmp_path, capsys, one_thread):
     retrained = json.loads((tmp_path / "retrained" / "build_info.json").read_text())
     assert retrained["retrained"] is True and retrained["texts"] == 8 + 32 and retrained["key"] != info["key"]
 
+    # `blade eval` measures TOFU QA splits, and says where a text world's metrics come from instead
+    assert main(["eval", "--model", str(out), "--data", str(data), "--json", str(tmp_path / "e.json")]) == 2
+    assert "MUSE-style text world" in capsys.readouterr().err
+
 
 def test_text_bench_rows(tmp_path, one_thread):
     from blade_core.bench.text import run_text_bench
