@@ -188,6 +188,11 @@ def test_every_bad_param_is_named_in_one_answer(api_client, ready, db_engine):
     message = resp.json()["error"]["message"]
     assert resp.status_code == 422
     assert "params.eta_out: must be" in message and "params.tau: must be" in message
+    # a thousand bad keys get a short answer: ten named, the known names once, the rest counted
+    resp = submit(api_client, ready, params={f"k{i}": i for i in range(1000)})
+    message = resp.json()["error"]["message"]
+    assert resp.status_code == 422 and message.endswith("; and 990 more") and len(message) < 2000
+    assert message.count("params.k") == 10 and message.count("known:") == 1
 
 
 def test_same_dataset_twice_and_missing_fields_are_refused(api_client, ready, db_engine):

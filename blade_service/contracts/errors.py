@@ -14,19 +14,34 @@ class ParamError(ContractError):
     `BladeConfig.tau: must be float in (0, 1], got 1.5`; the API shows `params.tau: <message>` instead.
     `others`: the further parameters at fault in the same params (ParamErrors); `str()` names them too."""
 
-    def __init__(self, field: str, message: str, owner: str = "", others: tuple[ParamError, ...] = ()):
+    MAX_REPORTED = 10  # faults one error names; a params object of a thousand bad keys gets a short answer
+
+    def __init__(
+        self,
+        field: str,
+        message: str,
+        owner: str = "",
+        others: tuple[ParamError, ...] = (),
+        unreported: int = 0,
+    ):
         one = f"{owner}.{field}: {message}" if owner else f"{field}: {message}"
-        super().__init__("; ".join([one, *(str(e) for e in others)]))
+        more = [f"and {unreported} more"] if unreported else []
+        super().__init__("; ".join([one, *(str(e) for e in others), *more]))
         self.field = field
         self.message = message
         self.owner = owner
         self.others = others
+        self.unreported = unreported  # faults found beyond MAX_REPORTED, counted only
 
     @classmethod
     def of(cls, faults: list[ParamError]) -> ParamError:
-        """One error for several faults (at least one): the first, carrying the rest."""
+        """One error for several faults (at least one): the first, carrying the next ones up to MAX_REPORTED
+        in all and the count of the rest."""
         first, *others = faults
-        return cls(first.field, first.message, first.owner, (*first.others, *others))
+        others = [*first.others, *others]
+        kept = others[: cls.MAX_REPORTED - 1]
+        unreported = first.unreported + len(others) - len(kept)
+        return cls(first.field, first.message, first.owner, tuple(kept), unreported)
 
     def all(self) -> list[ParamError]:
         """This fault and the others, in the order they were found."""

@@ -182,13 +182,14 @@ def check_params(
     owner = config_class.__name__
     checked: dict[str, Any] = {}
     faults: list[ParamError] = []  # every field's, so one answer names them all
+    listed = False  # the known names go with the first unknown one only
     for name, value in params.items():
         if name not in fields:
+            known, listed = ("" if listed else "; known: " + ", ".join(sorted(fields))), True
             faults.append(
                 ParamError(
                     name,
-                    f"unknown parameter {name!r} for method {method!r} (value {value!r:.60}); "
-                    f"known: {', '.join(sorted(fields))}",
+                    f"unknown parameter {name!r} for method {method!r} (value {value!r:.60}){known}",
                     owner,
                 )
             )

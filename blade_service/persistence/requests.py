@@ -482,8 +482,9 @@ def submit_request(
     try:
         checked = validate_params(method, params)
     except ParamError as exc:  # every field at fault, the first as `field`
+        more = [f"and {exc.unreported} more"] if exc.unreported else []
         raise Invalid(
-            "; ".join(f"params.{e.field}: {e.message}" for e in exc.all()),
+            "; ".join([*(f"params.{e.field}: {e.message}" for e in exc.all()), *more]),
             code="invalid_param",
             field=f"params.{exc.field}",
         ) from None
