@@ -69,6 +69,13 @@ BAD_UPLOADS = [
         "invalid_dataset",
         ["bad.json, line 2", "invalid JSON", "column 31"],
     ),
+    (  # every bad row is named, ten of them, and the rest counted
+        "bad.jsonl",
+        b'{"question": "q", "answer": "a"}\n' + b'{"question": "q"}\n' * 12,
+        422,
+        "invalid_dataset",
+        ["bad.jsonl, line 2: field 'answer': missing", "; line 11: field 'answer'", "; and 2 more"],
+    ),
     ("bad.jsonl", b"\xff\xfe\x00garbage", 422, "invalid_dataset", ["UTF-8"]),
     ("empty.jsonl", b"", 422, "invalid_dataset", ["empty"]),
     ("blank.jsonl", b"\n\n  \n", 422, "invalid_dataset", ["empty"]),

@@ -32,14 +32,35 @@ _SPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
 _JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}\n]')  # strings (skipped whole), brackets, newlines
 
 
-class DatasetError(ValueError):
-    """A dataset file that cannot be used; the message names file, line and field."""
+MAX_ROW_FAULTS = 10  # bad rows one error names; the rest are counted
 
-    def __init__(self, path: str | Path, message: str, line: int | None = None, field: str | None = None):
-        where = str(path) + (f", line {line}" if line is not None else "")
-        what = f" field '{field}':" if field else ""
-        super().__init__(f"{where}:{what} {message}")
-        self.path, self.line, self.field = str(path), line, field
+
+class DatasetError(ValueError):
+    """A dataset file that cannot be used; the message names file, line and field. `others`: further bad
+    rows of the same file, named after the first as `line N: field 'f': ...`; `unreported`: how many more."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        message: str,
+        line: int | None = None,
+        field: str | None = None,
+        *,
+        others: Sequence[DatasetError] = (),
+        unreported: int = 0,
+    ):
+        self.path, self.line, self.field, self.message = str(path), line, field, message
+        self.others, self.unreported = tuple(others), unreported
+        parts = [f"{path}{self._where()}", *(e._where().removeprefix(", ") for e in self.others)]
+        if unreported:
+            parts.append(f"and {unreported} more")
+        super().__init__("; ".join(parts))
+
+    def _where(self) -> str:
+        """`, line N: field 'f': message` (what follows the file's name)."""
+        line = f", line {self.line}" if self.line is not None else ""
+        field = f" field '{self.field}':" if self.field else ""
+        return f"{line}:{field} {self.message}"
 
 
 @dataclass(frozen=True)
@@ -175,6 +196,7 @@ def validate_rows(path: str | Path, rows: Sequence[Row], fields: Sequence[str]) 
     """Check every row has each field as a non-empty string (`perturbed_answer`: a non-empty string list)."""
     if not rows:
         raise DatasetError(path, "no rows found")
+    faults: list[DatasetError] = []  # every bad row's, up to MAX_ROW_FAULTS named
     for row in rows:
         for field in fields:
             value = row.data.get(field)
@@ -188,7 +210,11 @@ def validate_rows(path: str | Path, rows: Sequence[Row], fields: Sequence[str]) 
                 expected = "a non-empty string"
             if not ok:
                 problem = "missing" if field not in row.data else f"must be {expected}, got {value!r:.60}"
-                raise DatasetError(path, problem, line=row.line, field=field)
+                faults.append(DatasetError(path, problem, line=row.line, field=field))
+    if faults:
+        first, named = faults[0], faults[1:MAX_ROW_FAULTS]
+        unreported = len(faults) - 1 - len(named)
+        raise DatasetError(path, first.message, first.line, first.field, others=named, unreported=unreported)
 
 
 def detect_kind(rows: Sequence[Row]) -> DatasetKind:
