@@ -379,17 +379,16 @@ def run_status(args: argparse.Namespace) -> int:
     return _exit_code(state) if args.wait else 0
 
 
-def _events_table(records: list[dict[str, Any]], columns: list[str] | None = None) -> list[str]:
-    """The records as a table under a title; with `columns` (a follow's later rows), only rows in those
-    columns. Returns the columns used."""
+def _event_columns(records: list[dict[str, Any]]) -> list[str]:
     from blade_service.cli import display
 
-    header = columns is None
-    columns = columns or [c for c in display.EVENT_COLUMNS if any(c in r for r in records)] or ["step"]
-    display.print_table(
-        _console(), records, columns, title="training dynamics" if header else None, header=header
-    )
-    return columns
+    return [c for c in display.EVENT_COLUMNS if any(c in r for r in records)] or ["step"]
+
+
+def _events_table(records: list[dict[str, Any]]) -> None:
+    from blade_service.cli import display
+
+    display.print_table(_console(), records, _event_columns(records), title="training dynamics")
 
 
 def run_requests(args: argparse.Namespace) -> int:
@@ -413,9 +412,10 @@ def run_cancel(args: argparse.Namespace) -> int:
 def run_events(args: argparse.Namespace) -> int:
     """The steps so far as a table (`--json`: a JSON list); `--follow`: then each new step as it comes (JSON
     Lines with `--json`) until the request ends."""
+    from blade_service.cli import display
     from blade_service.client import TERMINAL_STATES
 
-    columns: list[str] | None = None  # fixed by the first rows, so later rows line up under that header
+    columns: list[str] = []  # fixed by the first rows, so later rows line up under their header
 
     def show(records: list[dict[str, Any]]) -> None:
         nonlocal columns
@@ -423,7 +423,9 @@ def run_events(args: argparse.Namespace) -> int:
             for r in records:
                 print(json.dumps(r, default=str), flush=True)
         elif records:
-            columns = _events_table(records, columns)
+            title = None if columns else "training dynamics"
+            columns = columns or _event_columns(records)
+            display.print_stream_rows(_console(), records, columns, title)
 
     def go(client: Any) -> None:
         records = client.events(args.request_id)

@@ -25,6 +25,7 @@ from blade_core.heartbeat import duration
 
 # The history.json columns worth a glance, in order (CONTRACT.md `history.json`); others stay in --json.
 EVENT_COLUMNS = ("step", "L_fgt", "L_ret", "lambda", "r", "epsilon", "lr", "converged", "dt")
+STREAM_WIDTH = 10  # a column of print_stream_rows: fmt's 4 significant digits with sign and exponent
 NOT_METRICS = frozenset({"n", "rows", "count", "seconds", "time_s"})  # sizes and timings, not scores
 NOT_METRIC_GROUPS = frozenset({"settings"})  # how the metrics were measured
 ISO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)?")
@@ -56,16 +57,14 @@ def print_table(
     rows: Sequence[Mapping[str, Any]],
     columns: Sequence[str],
     title: str | None = None,
-    *,
-    header: bool = True,
 ) -> None:
     """Rows as rich's table on a terminal wide enough for every cell whole; on a narrower one each row as a
-    record; off a terminal tab-separated lines, the column names first (`header`), for grep, cut and awk."""
+    record; off a terminal tab-separated lines, the column names first, for grep, cut and awk."""
     cells = [[fmt(row.get(c)) for c in columns] for row in rows]
     if not console.is_terminal:
-        _print_lines(console, [list(columns)] * header + cells, title)
+        _print_lines(console, [list(columns), *cells], title)
         return
-    table = Table(title=title, show_lines=False, header_style="bold", show_header=header)
+    table = Table(title=title, show_lines=False, header_style="bold")
     for column in columns:
         table.add_column(column, no_wrap=True)
     for line in cells:
@@ -76,6 +75,26 @@ def print_table(
             print_record(console, {c: row.get(c) for c in columns}, title if i == 0 else None)
         return
     console.print(table)
+
+
+def print_stream_rows(
+    console: Console, rows: Sequence[Mapping[str, Any]], columns: Sequence[str], title: str | None = None
+) -> None:
+    """Rows that arrive a few at a time (`blade events --follow`), under one header: fixed-width columns on
+    a terminal, so each batch lines up with the last; tab-separated lines off one. With `title`, the title
+    and the column names come first."""
+    cells = [[fmt(r.get(c)) for c in columns] for r in rows]
+    if not console.is_terminal:
+        _print_lines(console, [list(columns), *cells] if title else cells, title)
+        return
+    widths = [max(len(c), STREAM_WIDTH) for c in columns]
+    lines = [[c.rjust(w) for c, w in zip(line, widths, strict=True)] for line in cells]
+    if title:
+        console.print(title, style="bold", markup=False, highlight=False)
+        header = [c.rjust(w) for c, w in zip(columns, widths, strict=True)]
+        console.print("  ".join(header), style="bold", markup=False, highlight=False)
+    for line in lines:
+        console.print("  ".join(line), markup=False, highlight=False)
 
 
 def print_record(console: Console, doc: Mapping[str, Any], title: str | None = None) -> None:
