@@ -354,11 +354,12 @@ def evaluate_split(
     started = time.perf_counter()
     files = split_files(data_dir, split)
     if files["forget"] is None:
-        text_world = (Path(data_dir) / "forget.jsonl").is_file() and (Path(data_dir) / "world.json").is_file()
-        hint = (
-            " (this is a MUSE-style text world: its metrics come from a service request with preset muse "
-            "and probe_datasets, or from `blade bench --suite muse`)"
-        ) * text_world
+        hint = ""
+        if (Path(data_dir) / "forget.jsonl").is_file() and (Path(data_dir) / "world.json").is_file():
+            hint = (
+                " (this is a MUSE-style text world: its metrics come from a service request with preset muse "
+                "and probe_datasets, or from `blade bench --suite muse`)"
+            )
         raise FileNotFoundError(f"{data_dir}: no {split}_perturbed.json (or {split}.json){hint}")
     gold_ref = as_gold(gold)
     kw = {"batch_size": batch_size, "max_new_tokens": max_new_tokens}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+MAX_FAULTS_NAMED = 10  # faults one error names, the rest counted: a thousand bad keys or rows stay short
+
 
 class ContractError(ValueError):
     """An input that breaks the interface contract (a bad parameter, an unknown method or preset)."""
@@ -14,7 +16,7 @@ class ParamError(ContractError):
     `BladeConfig.tau: must be float in (0, 1], got 1.5`; the API shows `params.tau: <message>` instead.
     `others`: the further parameters at fault in the same params (ParamErrors); `str()` names them too."""
 
-    MAX_REPORTED = 10  # faults one error names; a params object of a thousand bad keys gets a short answer
+    MAX_REPORTED = MAX_FAULTS_NAMED
 
     def __init__(
         self,
@@ -37,11 +39,9 @@ class ParamError(ContractError):
     def of(cls, faults: list[ParamError]) -> ParamError:
         """One error for several faults (at least one): the first, carrying the next ones up to MAX_REPORTED
         in all and the count of the rest."""
-        first, *others = faults
-        others = [*first.others, *others]
-        kept = others[: cls.MAX_REPORTED - 1]
-        unreported = first.unreported + len(others) - len(kept)
-        return cls(first.field, first.message, first.owner, tuple(kept), unreported)
+        first, *rest = faults
+        kept = rest[: cls.MAX_REPORTED - 1]
+        return cls(first.field, first.message, first.owner, tuple(kept), len(rest) - len(kept))
 
     def all(self) -> list[ParamError]:
         """This fault and the others, in the order they were found."""

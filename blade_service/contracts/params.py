@@ -182,10 +182,9 @@ def check_params(
     owner = config_class.__name__
     checked: dict[str, Any] = {}
     faults: list[ParamError] = []  # every field's, so one answer names them all
-    listed = False  # the known names go with the first unknown one only
+    known = "; known: " + ", ".join(sorted(fields))  # said with the first unknown name only
     for name, value in params.items():
         if name not in fields:
-            known, listed = ("" if listed else "; known: " + ", ".join(sorted(fields))), True
             faults.append(
                 ParamError(
                     name,
@@ -193,6 +192,7 @@ def check_params(
                     owner,
                 )
             )
+            known = ""
             continue
         try:
             checked[name] = check_type(

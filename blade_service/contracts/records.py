@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from blade_service.contracts.errors import MAX_FAULTS_NAMED
+
 QA_FIELDS: tuple[str, ...] = ("question", "answer")
 PERTURBED_FIELDS: tuple[str, ...] = (
     "question",
@@ -30,9 +32,6 @@ DatasetKind = Literal["qa", "text"]
 MAX_NESTING = 100  # where a too-deep document's error points; rows are flat objects, real files never nest
 _SPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
 _JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}\n]')  # strings (skipped whole), brackets, newlines
-
-
-MAX_ROW_FAULTS = 10  # bad rows one error names; the rest are counted
 
 
 class DatasetError(ValueError):
@@ -196,7 +195,8 @@ def validate_rows(path: str | Path, rows: Sequence[Row], fields: Sequence[str]) 
     """Check every row has each field as a non-empty string (`perturbed_answer`: a non-empty string list)."""
     if not rows:
         raise DatasetError(path, "no rows found")
-    faults: list[DatasetError] = []  # every bad row's, up to MAX_ROW_FAULTS named
+    faults: list[DatasetError] = []  # the first MAX_FAULTS_NAMED bad fields; the rest only counted
+    unreported = 0
     for row in rows:
         for field in fields:
             value = row.data.get(field)
@@ -209,11 +209,13 @@ def validate_rows(path: str | Path, rows: Sequence[Row], fields: Sequence[str]) 
                 ok = isinstance(value, str) and bool(value.strip())
                 expected = "a non-empty string"
             if not ok:
+                if len(faults) == MAX_FAULTS_NAMED:
+                    unreported += 1
+                    continue
                 problem = "missing" if field not in row.data else f"must be {expected}, got {value!r:.60}"
                 faults.append(DatasetError(path, problem, line=row.line, field=field))
     if faults:
-        first, named = faults[0], faults[1:MAX_ROW_FAULTS]
-        unreported = len(faults) - 1 - len(named)
+        first, *named = faults
         raise DatasetError(path, first.message, first.line, first.field, others=named, unreported=unreported)
 
 
