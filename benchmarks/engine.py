@@ -181,7 +181,11 @@ def work_blade(args: argparse.Namespace, device: torch.device) -> dict[str, floa
     model, rows, labels = _model_and_data(args, device)
     flops = 2 * forward_flops_per_token(model, args.seq)  # frozen base: forward + input gradients
     cfg = blade.BladeConfig(
-        batch_size=args.batch, grad_accum=args.grad_accum, max_length=args.seq, recovery_factor=0
+        batch_size=args.batch,
+        grad_accum=args.grad_accum,
+        max_length=args.seq,
+        recovery_factor=0,
+        outer_pass=args.outer_pass,
     )
     model = lora.attach_adapter(model, cfg)
     model.train()
@@ -230,12 +234,9 @@ def work_grad_diff(args: argparse.Namespace, device: torch.device) -> dict[str, 
 
 def _outer_work(args: argparse.Namespace, device: torch.device, *, one_pass: bool) -> dict[str, Any]:
     """The gradient of BLADE's outer objective's two losses, L_fgt on `batch` forget rows of `seq` tokens and
-    L_ret on `batch` retain rows of `retain_seq` tokens: two forward/backward passes (what `outer_step` does)
-    or one over both batches stacked (the retain rows padded to the longer length). Both through the fused
-    LM head, as BLADE trains."""
+    L_ret on `batch` retain rows of `retain_seq` tokens: two forward/backward passes or one over both batches
+    stacked (the retain rows padded to the longer length), as `outer_step` runs them under `outer_pass`."""
     from blade_core import lora
-    from blade_core.head import final_hidden, split_head
-    from blade_core.losses import counted_mask, fused_clamped_entropy_loss, fused_token_cross_entropy
     from blade_core.methods import blade
 
     model, rows, labels = _model_and_data(args, device)
@@ -244,9 +245,6 @@ def _outer_work(args: argparse.Namespace, device: torch.device, *, one_pass: boo
     model = lora.attach_adapter(model, cfg)
     model.train()
     params = lora.trainable_parameters(model)
-    split = split_head(model)
-    assert split is not None
-    decoder, head = split
     b, t_f, t_r = args.batch, args.seq, args.retain_seq or args.seq
 
     def batch(first: int, length: int) -> dict[str, torch.Tensor]:
@@ -255,32 +253,15 @@ def _outer_work(args: argparse.Namespace, device: torch.device, *, one_pass: boo
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": lab}
 
     forget, retain = batch(0, t_f), batch(b, t_r)
-    forget_mask = counted_mask(forget["labels"], forget["attention_mask"], cfg.forget_tokens)
-    pad = max(t_f, t_r)
-
-    def padded(x: torch.Tensor, value: int) -> torch.Tensor:
-        return torch.nn.functional.pad(x, (0, pad - x.shape[1]), value=value)
-
-    both = {
-        "input_ids": torch.cat([padded(forget["input_ids"], 0), padded(retain["input_ids"], 0)]),
-        "attention_mask": torch.cat(
-            [padded(forget["attention_mask"], 0), padded(retain["attention_mask"], 0)]
-        ),
-    }
-
     total = {"loss": 0.0}
 
     def step() -> None:
         for p in params:
             p.grad = None
-        if one_pass:  # the same two fused losses, each on its rows of one stacked forward
-            h = final_hidden(decoder, both)
-            l_fgt, _ = fused_clamped_entropy_loss(
-                h[:b, :t_f], head, forget_mask, cfg.tau, chunk=cfg.loss_chunk
-            )
-            l_ret = fused_token_cross_entropy(h[b:, :t_r], head, retain["labels"], chunk=cfg.loss_chunk)
+        if one_pass:
+            l_fgt, _, l_ret = blade.stacked_losses(model, forget, retain, cfg)
             (l_fgt + l_ret).backward()
-        else:  # BLADE's own losses, one graph at a time, as `outer_step` runs them
+        else:  # one graph at a time
             l_fgt = blade.forget_loss(model, forget, cfg)[0]
             l_fgt.backward()
             l_ret = blade.retain_loss(model, retain, cfg)
@@ -477,6 +458,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="CUDA without activation checkpointing (GradDiff's backward fails under CUDA graphs with it)",
     )
+    p.add_argument(
+        "--outer-pass",
+        choices=("auto", "one", "two"),
+        default="auto",
+        help="BLADE's outer step over both batches stacked or in two passes (auto: one on CUDA)",
+    )
     p.add_argument("--skip-steps", action="store_true", help="only the entropy comparison")
     p.add_argument("--skip-entropy", action="store_true", help="only the step comparison")
     p.add_argument("--json", type=Path, help="also write the figures here")
@@ -511,12 +498,16 @@ def main(argv: list[str] | None = None) -> int:
             args.json.write_text(json.dumps(figures, indent=1))
 
     if not args.skip_steps:
+        from blade_core.methods.blade import BladeConfig, one_outer_pass
+
         checkpointing = "off" if args.no_checkpointing else "on"
+        one_pass = one_outer_pass(BladeConfig(outer_pass=args.outer_pass), device)
         print(
             f"model: Llama hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}; "
             f"batch {args.batch} x seq {args.seq}; {args.steps} measured steps each"
             + (f"; activation checkpointing {checkpointing}" if device.type == "cuda" else "")
             + (f"; decoder layers compiled ({args.compile})" if args.compile else "")
+            + f"; BLADE's outer step in {'one pass' if one_pass else 'two passes'}"
         )
         b, g = _measure_pair(
             ("blade", "grad_diff"),

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks in one run (issues 9 and 14), for a lent accelerator whose time is short:
 #   1. benchmarks/engine.py on CUDA at its default size, BLADE at the reference's 4 rows x 4 micro-batches
-#      and at one micro-batch of 16 rows (the same effective batch, a quarter of the launches), each beside
-#      full-parameter GradDiff at the same rows: tokens/s, peak memory and MFU;
+#      (its outer step in two passes, then in one, the CUDA default) and at one micro-batch of 16 rows (the
+#      same effective batch, a quarter of the launches), each beside full-parameter GradDiff at the same
+#      rows: tokens/s, peak memory and MFU;
 #   2. `blade bench --synthetic --quick` at the `large` size (64 M parameters), its models pretrained and
 #      fine-tuned on the GPU (--build-device cuda), for four methods on forget01, with the selection on the
 #      validation world as usual; and, beside it, one unlearn request end to end through `blade up` (API +
@@ -20,7 +21,7 @@
 #   .venv/bin/python -c "from blade_core.demo import ensure_demo_model; ensure_demo_model('.devrun/demo')"
 # WHEELS: a folder of wheels the device's Python lacks (the service's dependencies, for Python 3.12, and
 # opentelemetry-api, which fastapi 0.165 imports), installed into /tmp/site first. BUDGET: seconds the whole
-# run may take. ENGINE=0 skips step 1 (on the H200 it took 50 s; the bench needs 8-9 minutes to finish);
+# run may take. ENGINE=0 skips step 1 (on the H200 two shapes took 50 s; the bench needs 8-9 minutes to finish);
 # COMPILE=1 adds to it 16 x 1 without checkpointing, eager and under torch.compile's reduce-overhead mode
 # (up to 270 s more). REQUEST=0 skips step 2, which then needs no DEMO, and leaves the GPU to the bench.
 set -uo pipefail
@@ -66,19 +67,19 @@ fi
 
 left() { echo $((BUDGET - (SECONDS - start))); }
 
-echo "== 1. engine benchmark on $DEVICE: 4 x 4 rows, then 16 x 1 =="
-# Each shape: rows, micro-batches, torch.compile mode (- for eager), checkpointing (ckpt or nockpt). GradDiff's
-# backward fails under CUDA graphs with checkpointing (pytorch/pytorch#169545), so the compiled pair runs
-# without it, eager beside it, for a like-for-like ratio.
-shapes=("4 4 - ckpt" "16 1 - ckpt")
-[ "$COMPILE" = 0 ] || shapes+=("16 1 - nockpt" "16 1 reduce-overhead nockpt")
+echo "== 1. engine benchmark on $DEVICE: 4 x 4 rows (outer step in two passes, then auto), then 16 x 1 =="
+# Each shape: rows, micro-batches, torch.compile mode (- for eager), checkpointing (ckpt or nockpt), BLADE's
+# outer pass. GradDiff's backward fails under CUDA graphs with checkpointing (pytorch/pytorch#169545), so the
+# compiled pair runs without it, eager beside it, for a like-for-like ratio.
+shapes=("4 4 - ckpt two" "4 4 - ckpt auto" "16 1 - ckpt auto")
+[ "$COMPILE" = 0 ] || shapes+=("16 1 - nockpt auto" "16 1 reduce-overhead nockpt auto")
 [ "$ENGINE" = 0 ] || for shape in "${shapes[@]}"; do
     set -- $shape
     mode=${3#-}
     timeout $((${mode:+120} + 75)) "$PY" benchmarks/engine.py --device "$DEVICE" --steps "$ENGINE_STEPS" \
         --skip-entropy --batch "$1" --grad-accum "$2" ${mode:+--compile "$mode"} \
-        $([ "$4" = nockpt ] && echo --no-checkpointing) \
-        --json "$WORK/engine-batch$1-accum$2${mode:+-$mode}-$4.json" 2>&1 | tee -a "$WORK/engine.txt"
+        $([ "$4" = nockpt ] && echo --no-checkpointing) --outer-pass "$5" \
+        --json "$WORK/engine-batch$1-accum$2${mode:+-$mode}-$4-$5.json" 2>&1 | tee -a "$WORK/engine.txt"
 done
 save
 

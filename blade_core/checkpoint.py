@@ -29,7 +29,8 @@ def has_checkpoint(directory: str | Path | None) -> bool:
     return directory is not None and checkpoint_path(directory).is_file()
 
 
-NOT_FINGERPRINTED = frozenset({"checkpoint_every", "show_progress"})  # when it saves, whether a bar is drawn
+# when it saves, whether a bar is drawn, and how BLADE's outer step computes the same update
+NOT_FINGERPRINTED = frozenset({"checkpoint_every", "show_progress", "outer_pass"})
 
 
 def config_fingerprint(config: Any) -> Any:

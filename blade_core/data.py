@@ -173,6 +173,20 @@ def collate(examples: Sequence[dict[str, list[int]]], pad_id: int) -> dict[str, 
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
+def stack_batches(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Two `collate` batches as one: each right-padded to the wider width, `first`'s rows on top.
+
+    Every real token keeps its position and sees only its own row's earlier tokens, so a causal model gives
+    each row the same outputs as in its own batch."""
+    width = max(first["input_ids"].shape[1], second["input_ids"].shape[1])
+    fill = {"input_ids": 0, "attention_mask": 0, "labels": IGNORE_INDEX}  # pad ids are masked: any id does
+
+    def widened(x: torch.Tensor, key: str) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=fill[key])
+
+    return {key: torch.cat([widened(first[key], key), widened(second[key], key)]) for key in fill}
+
+
 class BatchStream:
     """Infinite seeded sampler: each epoch is a fresh permutation of the dataset; batches cross epoch borders.
 

@@ -204,6 +204,47 @@ def test_inner_sgd_step_accumulates_grad_accum_micro_batches(monkeypatch):
     assert len(losses) == 2 and retain.position == 2 * 3 * cfg.batch_size
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-head", "logits"])
+def test_one_outer_pass_gives_the_two_passes_update(monkeypatch, fused):
+    """Stacking the forget and retain batches (padded to one width) changes how L_outer is computed, not
+    its value or gradient; epsilon is set low so that r > 0 and the quadratic term counts too."""
+    if not fused:
+        monkeypatch.setattr(blade, "split_head", lambda model: None)
+    widths, real_stack = [], blade.stack_batches
+
+    def stack(first, second):
+        widths.append((first["input_ids"].shape[1], second["input_ids"].shape[1]))
+        return real_stack(first, second)
+
+    monkeypatch.setattr(blade, "stack_batches", stack)
+    runs = {}
+    for mode in ("two", "one"):
+        cfg = BladeConfig(grad_accum=3, outer_pass=mode, rho=5.0, **FAST)
+        task = tiny_task(cfg)
+        params = [p for p in task.model.parameters() if p.requires_grad]
+        opt = torch.optim.Adam(params, lr=cfg.eta_out)
+        forget = BatchStream(task.forget, cfg.batch_size, seed=cfg.seed)
+        retain = BatchStream(task.retain, cfg.batch_size, seed=cfg.seed + 1)
+        out = blade.outer_step(task.model, forget, retain, opt, 1.5, 0.05, cfg, task.device)
+        runs[mode] = out, [p.grad.clone() for p in params]
+        assert (forget.position, retain.position) == (6, 6)  # each 3 micro-batches of 2 rows
+    assert len(widths) == 3 and any(f != r for f, r in widths)  # padding was exercised
+    (two, two_grads), (one, one_grads) = runs["two"], runs["one"]
+    assert two["r"] > 0 and set(one) == set(two)
+    for key in two:
+        assert one[key] == pytest.approx(two[key], rel=1e-5), key
+    assert any(g.abs().sum() > 0 for g in two_grads)
+    for a, b in zip(one_grads, two_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_outer_pass_auto_is_one_pass_on_cuda_only():
+    assert blade.one_outer_pass(BladeConfig(), torch.device("cuda"))
+    assert not blade.one_outer_pass(BladeConfig(), torch.device("cpu"))
+    assert blade.one_outer_pass(BladeConfig(outer_pass="one"), torch.device("cpu"))
+    assert not blade.one_outer_pass(BladeConfig(outer_pass="two"), torch.device("cuda"))
+
+
 def test_outer_and_inner_batches_are_the_reference_16_rows_in_every_preset():
     for name, preset in PRESETS.items():
         cfg = build_config("blade", name)

@@ -9,8 +9,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from blade_core.checkpoint import CheckpointMismatch, checkpoint_path, config_mismatch, has_checkpoint
+from blade_core.checkpoint import (
+    CheckpointMismatch,
+    checkpoint_path,
+    config_fingerprint,
+    config_mismatch,
+    has_checkpoint,
+)
 from blade_core.methods.base import Hooks
+from blade_core.methods.blade import BladeConfig
 from blade_core.unlearn import run_unlearning
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -176,3 +183,6 @@ def test_config_mismatch_names_each_field():
     # how often it saves, whether it draws a bar: nothing computed, whatever an older checkpoint saved
     assert config_mismatch({"lr": 1e-3, "modules": ["q", "v"], "show_progress": True}, now) == []
     assert config_mismatch({"lr": 1e-3, "modules": ["q", "v"]}, _Config(checkpoint_every=5)) == []
+    # how BLADE's outer step computes the same update: a request paused on one device resumes on another
+    two_passes = config_fingerprint(BladeConfig(outer_pass="two"))
+    assert config_mismatch(two_passes, BladeConfig(outer_pass="one")) == []

@@ -41,7 +41,7 @@ from blade_core.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from blade_core.data import BatchStream
+from blade_core.data import BatchStream, stack_batches
 from blade_core.dynamics import ConvergenceMonitor, LrCalibrator
 from blade_core.head import final_hidden, split_head
 from blade_core.losses import (
@@ -68,17 +68,41 @@ def _logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Ten
     return logits  # (B, T, V)
 
 
+def _features(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(last hidden states, head weight) where the model splits at its head (`blade_core.head`), else
+    (logits, None): what the loss functions below take."""
+    split = split_head(model)
+    if split is None:
+        return _logits(model, batch), None
+    decoder, head = split
+    return final_hidden(decoder, batch), head
+
+
+def _clamped_entropy(
+    features: torch.Tensor, head: torch.Tensor | None, mask: torch.Tensor, cfg: BladeConfig
+) -> tuple[torch.Tensor, float]:
+    if head is None:
+        l_fgt = clamped_entropy_loss(features, mask, cfg.tau, chunk=cfg.loss_chunk)
+        return l_fgt, mean_token_entropy(features.detach(), mask, chunk=cfg.loss_chunk)
+    return fused_clamped_entropy_loss(features, head, mask, cfg.tau, chunk=cfg.loss_chunk)
+
+
+def _cross_entropy(
+    features: torch.Tensor, head: torch.Tensor | None, labels: torch.Tensor, cfg: BladeConfig
+) -> torch.Tensor:
+    if head is None:
+        return token_cross_entropy(features, labels, chunk=cfg.loss_chunk)
+    return fused_token_cross_entropy(features, head, labels, chunk=cfg.loss_chunk)
+
+
 def retain_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], cfg: BladeConfig) -> torch.Tensor:
     """L_ret = token CE on answer tokens (QA) or all tokens (text); labels already encode which.
 
     Fused with the LM head where the model allows it (`blade_core.head`): no (B, T, V) logits."""
-    split = split_head(model)
-    if split is None:
-        return token_cross_entropy(_logits(model, batch), batch["labels"], chunk=cfg.loss_chunk)
-    decoder, head = split
-    return fused_token_cross_entropy(
-        final_hidden(decoder, batch), head, batch["labels"], chunk=cfg.loss_chunk
-    )
+    features, head = _features(model, batch)
+    return _cross_entropy(features, head, batch["labels"], cfg)
 
 
 def forget_loss(
@@ -87,13 +111,24 @@ def forget_loss(
     """(L_fgt, mean counted H(p_t)/log V): the clamped entropy (paper Eq. 3) on the tokens `forget_tokens`
     counts, fused with the LM head where the model allows it."""
     mask = counted_mask(batch["labels"], batch["attention_mask"], cfg.forget_tokens)
-    split = split_head(model)
-    if split is None:
-        logits = _logits(model, batch)
-        l_fgt = clamped_entropy_loss(logits, mask, cfg.tau, chunk=cfg.loss_chunk)
-        return l_fgt, mean_token_entropy(logits.detach(), mask, chunk=cfg.loss_chunk)
-    decoder, head = split
-    return fused_clamped_entropy_loss(final_hidden(decoder, batch), head, mask, cfg.tau, chunk=cfg.loss_chunk)
+    features, head = _features(model, batch)
+    return _clamped_entropy(features, head, mask, cfg)
+
+
+def stacked_losses(
+    model: torch.nn.Module, forget: dict[str, torch.Tensor], retain: dict[str, torch.Tensor], cfg: BladeConfig
+) -> tuple[torch.Tensor, float, torch.Tensor]:
+    """(L_fgt, H, L_ret): `forget_loss` and `retain_loss` from one forward over both batches stacked.
+
+    Each loss reads its own rows at its own width, so the values and gradients are the two passes' (to float
+    rounding); both graphs are alive at once."""
+    rows, forget_width = forget["input_ids"].shape
+    retain_width = retain["input_ids"].shape[1]
+    mask = counted_mask(forget["labels"], forget["attention_mask"], cfg.forget_tokens)
+    features, head = _features(model, stack_batches(forget, retain))
+    l_fgt, h_fgt = _clamped_entropy(features[:rows, :forget_width], head, mask, cfg)
+    l_ret = _cross_entropy(features[rows:, :retain_width], head, retain["labels"], cfg)
+    return l_fgt, h_fgt, l_ret
 
 
 def inner_loop(
@@ -120,6 +155,19 @@ def inner_loop(
     return losses
 
 
+def augmented_term(r: torch.Tensor, lam: float, cfg: BladeConfig) -> torch.Tensor:
+    """lambda*r + rho/2*max(0, r)^2: the retain constraint's part of L_outer."""
+    return lam * r + cfg.rho / 2 * torch.clamp(r, min=0.0) ** 2
+
+
+def one_outer_pass(cfg: BladeConfig, device: torch.device) -> bool:
+    """Whether `outer_step` stacks its two batches in one forward: `outer_pass`, where "auto" means on CUDA.
+
+    A GPU waits on kernel launches at these sizes, so one pass took x0.49-0.76 the time of two on an H200; a
+    CPU waits on arithmetic, and padding two batches to one width cost it up to 26% (docs/performance.md)."""
+    return cfg.outer_pass == "one" or (cfg.outer_pass == "auto" and device.type == "cuda")
+
+
 def outer_step(
     model: torch.nn.Module,
     forget: BatchStream,
@@ -132,20 +180,25 @@ def outer_step(
 ) -> dict[str, float]:
     """One Adam step on L_outer = L_fgt + lambda*r + rho/2*max(0, r)^2, r = L_ret - epsilon (a fresh batch).
 
-    The forget and retain parts are back-propagated one after the other (the objective is a sum), so only
-    one graph is alive at a time; over `grad_accum` micro-batches the augmented term is taken per micro-batch.
+    Over `grad_accum` micro-batches the augmented term is taken per micro-batch. In two passes the forget and
+    retain parts are back-propagated one after the other (the objective is a sum), so only one graph is alive
+    at a time; in one (`one_outer_pass`) both come from one forward over the two batches stacked.
     """
     params = [p for g in opt.param_groups for p in g["params"]]
+    one_pass = one_outer_pass(cfg, device)
     opt.zero_grad(set_to_none=True)
     sums = {"L_fgt": 0.0, "L_ret": 0.0, "H_fgt": 0.0}
     for _ in range(cfg.grad_accum):
-        l_fgt, h_fgt = forget_loss(model, _to(forget.next(), device), cfg)
-        (l_fgt / cfg.grad_accum).backward()
+        forget_batch = _to(forget.next(), device)
+        if one_pass:
+            l_fgt, h_fgt, l_ret = stacked_losses(model, forget_batch, _to(retain.next(), device), cfg)
+            ((l_fgt + augmented_term(l_ret - epsilon, lam, cfg)) / cfg.grad_accum).backward()
+        else:
+            l_fgt, h_fgt = forget_loss(model, forget_batch, cfg)
+            (l_fgt / cfg.grad_accum).backward()
+            l_ret = retain_loss(model, _to(retain.next(), device), cfg)
+            (augmented_term(l_ret - epsilon, lam, cfg) / cfg.grad_accum).backward()
         sums["H_fgt"] += h_fgt
-        l_ret = retain_loss(model, _to(retain.next(), device), cfg)
-        r = l_ret - epsilon
-        penalty = lam * r + cfg.rho / 2 * torch.clamp(r, min=0.0) ** 2
-        (penalty / cfg.grad_accum).backward()
         sums["L_fgt"] += l_fgt.item()
         sums["L_ret"] += l_ret.item()
     torch.nn.utils.clip_grad_norm_(params, cfg.clip_norm)

@@ -79,6 +79,10 @@ class BladeConfig(MethodConfig):
     gradient_checkpointing: Annotated[bool, Field(description="on CUDA only")] = (
         True  # CPU runs keep fp32 and no checkpointing
     )
+    outer_pass: Annotated[
+        Literal["auto", "one", "two"],
+        Field(description="the outer step's two losses: one forward over both batches stacked, or two"),
+    ] = "auto"  # the same update either way; auto: one on CUDA (x0.49-0.76 the time), two elsewhere
 
     @model_validator(mode="after")
     def _lambda_bounds(self) -> BladeConfig:
