@@ -21,9 +21,10 @@
 #   .venv/bin/python -c "from blade_core.demo import ensure_demo_model; ensure_demo_model('.devrun/demo')"
 # WHEELS: a folder of wheels the device's Python lacks (the service's dependencies, for Python 3.12, and
 # opentelemetry-api, which fastapi 0.165 imports), installed into /tmp/site first. BUDGET: seconds the whole
-# run may take. ENGINE=0 skips step 1 (on the H200 two shapes took 50 s; the bench needs 8-9 minutes to finish);
-# COMPILE=1 adds to it 16 x 1 without checkpointing, eager and under torch.compile's reduce-overhead mode
-# (up to 270 s more). REQUEST=0 skips step 2, which then needs no DEMO, and leaves the GPU to the bench.
+# run may take. ENGINE=0 skips step 1 (on the H200 two shapes took 50 s, so its four about 100 s; the bench
+# needs 8-9 minutes to finish); COMPILE=1 adds to it 16 x 1 without checkpointing, eager and under
+# torch.compile's reduce-overhead mode (up to 270 s more). REQUEST=0 skips step 2, which then needs no DEMO,
+# and leaves the GPU to the bench.
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for the results}
 PY=${PY:-python3}
@@ -69,9 +70,10 @@ left() { echo $((BUDGET - (SECONDS - start))); }
 
 echo "== 1. engine benchmark on $DEVICE: 4 x 4 rows (outer step in two passes, then auto), then 16 x 1 =="
 # Each shape: rows, micro-batches, torch.compile mode (- for eager), checkpointing (ckpt or nockpt), BLADE's
-# outer pass. GradDiff's backward fails under CUDA graphs with checkpointing (pytorch/pytorch#169545), so the
-# compiled pair runs without it, eager beside it, for a like-for-like ratio.
-shapes=("4 4 - ckpt two" "4 4 - ckpt auto" "16 1 - ckpt auto")
+# outer pass, and optionally forget/retain tokens a row (default 128 both; 40/32 is our worlds' QA rows, so
+# the one-pass comparison pays for padding). GradDiff's backward fails under CUDA graphs with checkpointing
+# (pytorch/pytorch#169545), so the compiled pair runs without it, eager beside it, for a like-for-like ratio.
+shapes=("4 4 - ckpt two" "4 4 - ckpt auto" "4 4 - ckpt auto 40/32" "16 1 - ckpt auto")
 [ "$COMPILE" = 0 ] || shapes+=("16 1 - nockpt auto" "16 1 reduce-overhead nockpt auto")
 [ "$ENGINE" = 0 ] || for shape in "${shapes[@]}"; do
     set -- $shape
@@ -79,7 +81,9 @@ shapes=("4 4 - ckpt two" "4 4 - ckpt auto" "16 1 - ckpt auto")
     timeout $((${mode:+120} + 75)) "$PY" benchmarks/engine.py --device "$DEVICE" --steps "$ENGINE_STEPS" \
         --skip-entropy --batch "$1" --grad-accum "$2" ${mode:+--compile "$mode"} \
         $([ "$4" = nockpt ] && echo --no-checkpointing) --outer-pass "$5" \
-        --json "$WORK/engine-batch$1-accum$2${mode:+-$mode}-$4-$5.json" 2>&1 | tee -a "$WORK/engine.txt"
+        ${6:+--seq ${6%/*} --retain-seq ${6#*/}} \
+        --json "$WORK/engine-batch$1-accum$2${mode:+-$mode}-$4-$5${6:+-seq${6/\//-}}.json" 2>&1 |
+        tee -a "$WORK/engine.txt"
 done
 save
 
