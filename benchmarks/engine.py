@@ -185,7 +185,7 @@ def work_blade(args: argparse.Namespace, device: torch.device) -> dict[str, floa
         grad_accum=args.grad_accum,
         max_length=args.seq,
         recovery_factor=0,
-        outer_pass=args.outer_pass,
+        stacked_forward=args.stacked_forward,
     )
     model = lora.attach_adapter(model, cfg)
     model.train()
@@ -235,7 +235,7 @@ def work_grad_diff(args: argparse.Namespace, device: torch.device) -> dict[str, 
 def _outer_work(args: argparse.Namespace, device: torch.device, *, one_pass: bool) -> dict[str, Any]:
     """The gradient of BLADE's outer objective's two losses, L_fgt on `batch` forget rows of `seq` tokens and
     L_ret on `batch` retain rows of `retain_seq` tokens: two forward/backward passes or one over both batches
-    stacked (the retain rows padded to the longer length), as `outer_step` runs them under `outer_pass`."""
+    stacked (the retain rows padded to the longer length), as `outer_step` runs them (`stacked_forward`)."""
     from blade_core import lora
     from blade_core.methods import blade
 
@@ -259,7 +259,7 @@ def _outer_work(args: argparse.Namespace, device: torch.device, *, one_pass: boo
         for p in params:
             p.grad = None
         if one_pass:
-            l_fgt, _, l_ret = blade.stacked_losses(model, forget, retain, cfg)
+            [(l_fgt, _)], [l_ret] = blade.stacked_losses(model, [forget], [retain], cfg)
             (l_fgt + l_ret).backward()
         else:  # one graph at a time
             l_fgt = blade.forget_loss(model, forget, cfg)[0]
@@ -459,10 +459,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="CUDA without activation checkpointing (GradDiff's backward fails under CUDA graphs with it)",
     )
     p.add_argument(
-        "--outer-pass",
-        choices=("auto", "one", "two"),
+        "--stacked-forward",
+        choices=("auto", "on", "off"),
         default="auto",
-        help="BLADE's outer step over both batches stacked or in two passes (auto: one on CUDA)",
+        help="BLADE's steps: one forward over a step's micro-batches, or one each (auto: stacked on CUDA)",
     )
     p.add_argument("--skip-steps", action="store_true", help="only the entropy comparison")
     p.add_argument("--skip-entropy", action="store_true", help="only the step comparison")
@@ -498,16 +498,16 @@ def main(argv: list[str] | None = None) -> int:
             args.json.write_text(json.dumps(figures, indent=1))
 
     if not args.skip_steps:
-        from blade_core.methods.blade import BladeConfig, one_outer_pass
+        from blade_core.methods.blade import BladeConfig, stacks_forward
 
         checkpointing = "off" if args.no_checkpointing else "on"
-        one_pass = one_outer_pass(BladeConfig(outer_pass=args.outer_pass), device)
+        stacked = stacks_forward(BladeConfig(stacked_forward=args.stacked_forward), device)
         print(
             f"model: Llama hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}; "
             f"batch {args.batch} x seq {args.seq}; {args.steps} measured steps each"
             + (f"; activation checkpointing {checkpointing}" if device.type == "cuda" else "")
             + (f"; decoder layers compiled ({args.compile})" if args.compile else "")
-            + f"; BLADE's outer step in {'one pass' if one_pass else 'two passes'}"
+            + f"; BLADE's micro-batches {'stacked in one forward a step' if stacked else 'one forward each'}"
         )
         b, g = _measure_pair(
             ("blade", "grad_diff"),

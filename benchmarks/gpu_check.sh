@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks in one run (issues 9 and 14), for a lent accelerator whose time is short:
 #   1. benchmarks/engine.py on CUDA at its default size, BLADE at the reference's 4 rows x 4 micro-batches
-#      (its outer step in two passes, then in one, the CUDA default) and at one micro-batch of 16 rows (the
-#      same effective batch, a quarter of the launches), each beside full-parameter GradDiff at the same
-#      rows: tokens/s, peak memory and MFU;
+#      (one forward per micro-batch, then each step's micro-batches stacked in one, the CUDA default) and
+#      at one micro-batch of 16 rows (the same effective batch, a quarter of the launches), each beside
+#      full-parameter GradDiff at the same rows: tokens/s, peak memory and MFU;
 #   2. `blade bench --synthetic --quick` at the `large` size (64 M parameters), its models pretrained and
 #      fine-tuned on the GPU (--build-device cuda), for four methods on forget01, with the selection on the
 #      validation world as usual; and, beside it, one unlearn request end to end through `blade up` (API +
@@ -68,19 +68,19 @@ fi
 
 left() { echo $((BUDGET - (SECONDS - start))); }
 
-echo "== 1. engine benchmark on $DEVICE: 4 x 4 rows (outer step in two passes, then auto), then 16 x 1 =="
+echo "== 1. engine benchmark on $DEVICE: 4 x 4 rows (unstacked, then auto), then 16 x 1 =="
 # Each shape: rows, micro-batches, torch.compile mode (- for eager), checkpointing (ckpt or nockpt), BLADE's
-# outer pass, and optionally forget/retain tokens a row (default 128 both; 40/32 is our worlds' QA rows, so
+# --stacked-forward, and optionally forget/retain tokens a row (default 128 both; 40/32 is our worlds' QA rows, so
 # the one-pass comparison pays for padding). GradDiff's backward fails under CUDA graphs with checkpointing
 # (pytorch/pytorch#169545), so the compiled pair runs without it, eager beside it, for a like-for-like ratio.
-shapes=("4 4 - ckpt two" "4 4 - ckpt auto" "4 4 - ckpt auto 40/32" "16 1 - ckpt auto")
+shapes=("4 4 - ckpt off" "4 4 - ckpt auto" "4 4 - ckpt auto 40/32" "16 1 - ckpt auto")
 [ "$COMPILE" = 0 ] || shapes+=("16 1 - nockpt auto" "16 1 reduce-overhead nockpt auto")
 [ "$ENGINE" = 0 ] || for shape in "${shapes[@]}"; do
     set -- $shape
     mode=${3#-}
     timeout $((${mode:+120} + 75)) "$PY" benchmarks/engine.py --device "$DEVICE" --steps "$ENGINE_STEPS" \
         --skip-entropy --batch "$1" --grad-accum "$2" ${mode:+--compile "$mode"} \
-        $([ "$4" = nockpt ] && echo --no-checkpointing) --outer-pass "$5" \
+        $([ "$4" = nockpt ] && echo --no-checkpointing) --stacked-forward "$5" \
         ${6:+--seq ${6%/*} --retain-seq ${6#*/}} \
         --json "$WORK/engine-batch$1-accum$2${mode:+-$mode}-$4-$5${6:+-seq${6/\//-}}.json" 2>&1 |
         tee -a "$WORK/engine.txt"

@@ -29,8 +29,8 @@ def has_checkpoint(directory: str | Path | None) -> bool:
     return directory is not None and checkpoint_path(directory).is_file()
 
 
-# when it saves, whether a bar is drawn, and how BLADE's outer step computes the same update
-NOT_FINGERPRINTED = frozenset({"checkpoint_every", "show_progress", "outer_pass"})
+# when it saves, whether a bar is drawn, and how BLADE computes the same update
+NOT_FINGERPRINTED = frozenset({"checkpoint_every", "show_progress", "stacked_forward"})
 
 
 def config_fingerprint(config: Any) -> Any:

@@ -173,18 +173,28 @@ def collate(examples: Sequence[dict[str, list[int]]], pad_id: int) -> dict[str, 
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
-def stack_batches(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Two `collate` batches as one: each right-padded to the wider width, `first`'s rows on top.
+def stack_batches(batches: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """`collate` batches as one, in order: each right-padded to the widest.
 
     Every real token keeps its position and sees only its own row's earlier tokens, so a causal model gives
-    each row the same outputs as in its own batch."""
-    width = max(first["input_ids"].shape[1], second["input_ids"].shape[1])
+    each row the same outputs as in its own batch; `unstack` cuts them back out."""
+    width = max(b["input_ids"].shape[1] for b in batches)
     fill = {"input_ids": 0, "attention_mask": 0, "labels": IGNORE_INDEX}  # pad ids are masked: any id does
 
     def widened(x: torch.Tensor, key: str) -> torch.Tensor:
         return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=fill[key])
 
-    return {key: torch.cat([widened(first[key], key), widened(second[key], key)]) for key in fill}
+    return {key: torch.cat([widened(b[key], key) for b in batches]) for key in fill}
+
+
+def unstack(stacked: torch.Tensor, batches: Sequence[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+    """Each batch's rows of `stacked` (B_total, T, ...) at that batch's own width (views, no copies)."""
+    parts, row = [], 0
+    for b in batches:
+        rows, width = b["input_ids"].shape
+        parts.append(stacked[row : row + rows, :width])
+        row += rows
+    return parts
 
 
 class BatchStream:

@@ -21,7 +21,13 @@ from blade_core.unlearn import build_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-FAST = {"batch_size": 2, "max_length": 64, "eta_in": 1e-2, "eta_out": 1e-2}
+FAST = {
+    "batch_size": 2,
+    "grad_accum": 1,
+    "max_length": 64,
+    "eta_in": 1e-2,
+    "eta_out": 1e-2,
+}  # one micro-batch a step
 
 
 # ------------------------------------------------------------------------------------------------ dual update
@@ -190,7 +196,7 @@ def test_without_recovery_the_outer_r_feeds_the_rules(monkeypatch):
 
 
 def test_inner_sgd_step_accumulates_grad_accum_micro_batches(monkeypatch):
-    cfg = BladeConfig(inner_steps=2, grad_accum=3, **FAST)
+    cfg = BladeConfig(inner_steps=2, **{**FAST, "grad_accum": 3})
     task = tiny_task(cfg)
     params = [p for p in task.model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=cfg.eta_in)
@@ -204,48 +210,96 @@ def test_inner_sgd_step_accumulates_grad_accum_micro_batches(monkeypatch):
     assert len(losses) == 2 and retain.position == 2 * 3 * cfg.batch_size
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["fused-head", "logits"])
-def test_one_outer_pass_gives_the_two_passes_update(monkeypatch, fused):
-    """Stacking the forget and retain batches (padded to one width) changes how L_outer is computed, not
-    its value or gradient; epsilon is set low so that r > 0 and the quadratic term counts too."""
-    if not fused:
-        monkeypatch.setattr(blade, "split_head", lambda model: None)
+@pytest.fixture
+def stacked_widths(monkeypatch):
+    """The widths of the batches each stacked forward took, in order."""
     widths, real_stack = [], blade.stack_batches
 
-    def stack(first, second):
-        widths.append((first["input_ids"].shape[1], second["input_ids"].shape[1]))
-        return real_stack(first, second)
+    def stack(batches):
+        widths.append([b["input_ids"].shape[1] for b in batches])
+        return real_stack(batches)
 
     monkeypatch.setattr(blade, "stack_batches", stack)
+    return widths
+
+
+def _one_step_each_way(step, cfg_of):
+    """`step(task, cfg, params)` unstacked, then stacked, each on a fresh tiny task: (its out, its grads)."""
     runs = {}
-    for mode in ("two", "one"):
-        cfg = BladeConfig(grad_accum=3, outer_pass=mode, rho=5.0, **FAST)
+    for mode in ("off", "on"):
+        cfg = cfg_of(mode)
         task = tiny_task(cfg)
         params = [p for p in task.model.parameters() if p.requires_grad]
+        runs[mode] = step(task, cfg, params), [p.grad.clone() for p in params]
+    (off, off_grads), (on, on_grads) = runs["off"], runs["on"]
+    assert any(g.abs().sum() > 0 for g in off_grads)
+    for a, b in zip(on_grads, off_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+    return on, off
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-head", "logits"])
+def test_stacked_outer_step_gives_the_unstacked_update(monkeypatch, stacked_widths, fused):
+    """One forward over every micro-batch (each padded to the widest) changes how L_outer is computed, not
+    its value or gradient, with the augmented term still per micro-batch; epsilon is set low so that r > 0
+    and the quadratic term counts too."""
+    if not fused:
+        monkeypatch.setattr(blade, "split_head", lambda model: None)
+
+    def step(task, cfg, params):
         opt = torch.optim.Adam(params, lr=cfg.eta_out)
         forget = BatchStream(task.forget, cfg.batch_size, seed=cfg.seed)
         retain = BatchStream(task.retain, cfg.batch_size, seed=cfg.seed + 1)
         out = blade.outer_step(task.model, forget, retain, opt, 1.5, 0.05, cfg, task.device)
-        runs[mode] = out, [p.grad.clone() for p in params]
         assert (forget.position, retain.position) == (6, 6)  # each 3 micro-batches of 2 rows
-    assert len(widths) == 3 and any(f != r for f, r in widths)  # padding was exercised
-    (two, two_grads), (one, one_grads) = runs["two"], runs["one"]
-    assert two["r"] > 0 and set(one) == set(two)
-    for key in two:
-        assert one[key] == pytest.approx(two[key], rel=1e-5), key
-    assert any(g.abs().sum() > 0 for g in two_grads)
-    for a, b in zip(one_grads, two_grads, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+        return out
+
+    on, off = _one_step_each_way(
+        step, lambda mode: BladeConfig(stacked_forward=mode, rho=5.0, **{**FAST, "grad_accum": 3})
+    )
+    assert len(stacked_widths) == 1 and len(stacked_widths[0]) == 6  # 3 forget + 3 retain micro-batches
+    assert len(set(stacked_widths[0])) > 1  # padding was exercised
+    assert off["r"] > 0 and set(on) == set(off)
+    for key in off:
+        assert on[key] == pytest.approx(off[key], rel=1e-5), key
 
 
-def test_outer_pass_auto_is_one_pass_on_cuda_only():
-    assert blade.one_outer_pass(BladeConfig(), torch.device("cuda"))
-    assert not blade.one_outer_pass(BladeConfig(), torch.device("cpu"))
-    assert blade.one_outer_pass(BladeConfig(outer_pass="one"), torch.device("cpu"))
-    assert not blade.one_outer_pass(BladeConfig(outer_pass="two"), torch.device("cuda"))
+def test_stacked_inner_loop_gives_the_unstacked_steps(stacked_widths):
+    def step(task, cfg, params):
+        opt = torch.optim.SGD(params, lr=cfg.eta_in)
+        retain = BatchStream(task.retain, cfg.batch_size, seed=1)
+        return blade.inner_loop(task.model, retain, opt, cfg, task.device)
+
+    on, off = _one_step_each_way(
+        step, lambda mode: BladeConfig(inner_steps=2, stacked_forward=mode, **{**FAST, "grad_accum": 3})
+    )
+    assert [len(w) for w in stacked_widths] == [3, 3]  # one forward per inner step
+    assert any(len(set(w)) > 1 for w in stacked_widths)
+    assert on == pytest.approx(off, rel=1e-5)
 
 
-def test_outer_and_inner_batches_are_the_reference_16_rows_in_every_preset():
+def test_stacked_training_follows_the_unstacked_run():
+    """Whole steps (inner loop, outer step, recovery, dual update): the histories agree while float rounding
+    has not yet grown; the loop amplifies it over many steps, as it would any other rounding change."""
+    histories = {}
+    for mode in ("off", "on"):
+        cfg = BladeConfig(max_steps=3, calibrate_lr=False, stacked_forward=mode, **{**FAST, "grad_accum": 2})
+        histories[mode] = blade.train(tiny_task(cfg), cfg).history
+    for on, off in zip(histories["on"], histories["off"], strict=True):
+        for key in ("L_fgt", "L_ret", "lambda", "inner_loss_mean", "recovery_steps"):
+            assert on[key] == pytest.approx(off[key], rel=1e-4), (on["step"], key)
+
+
+def test_stacked_forward_auto_is_on_on_cuda_only():
+    assert blade.stacks_forward(BladeConfig(), torch.device("cuda"))
+    assert not blade.stacks_forward(BladeConfig(), torch.device("cpu"))
+    assert blade.stacks_forward(BladeConfig(stacked_forward="on"), torch.device("cpu"))
+    assert not blade.stacks_forward(BladeConfig(stacked_forward="off"), torch.device("cuda"))
+
+
+def test_outer_and_inner_batches_are_the_reference_16_rows_in_every_preset_and_without_one():
+    default = build_config("blade", None)  # what the service and `blade unlearn` train without a preset
+    assert (default.batch_size, default.grad_accum) == (4, 4)
     for name, preset in PRESETS.items():
         cfg = build_config("blade", name)
         assert cfg.batch_size * cfg.grad_accum == 16, name

@@ -183,6 +183,6 @@ def test_config_mismatch_names_each_field():
     # how often it saves, whether it draws a bar: nothing computed, whatever an older checkpoint saved
     assert config_mismatch({"lr": 1e-3, "modules": ["q", "v"], "show_progress": True}, now) == []
     assert config_mismatch({"lr": 1e-3, "modules": ["q", "v"]}, _Config(checkpoint_every=5)) == []
-    # how BLADE's outer step computes the same update: a request paused on one device resumes on another
-    two_passes = config_fingerprint(BladeConfig(outer_pass="two"))
-    assert config_mismatch(two_passes, BladeConfig(outer_pass="one")) == []
+    # how BLADE computes the same update: a request paused on one device resumes on another
+    unstacked = config_fingerprint(BladeConfig(stacked_forward="off"))
+    assert config_mismatch(unstacked, BladeConfig(stacked_forward="on")) == []

@@ -20,7 +20,8 @@ their OpenUnlearning fork): the clamped entropy counts every non-padding token b
 the dual update is asymmetric with a floor, adaptive recovery and the calibration/convergence rules are the
 reference's. Batches as the reference: every inner SGD step and the outer step accumulate `grad_accum`
 micro-batches of `batch_size` rows (TOFU: 4 x 4 = 16 rows), the augmented term applied per micro-batch; the
-recovery re-measurement uses one micro-batch.
+recovery re-measurement uses one micro-batch. On CUDA (`stacked_forward`) a step's micro-batches go through
+one forward, each loss still taken per micro-batch: the reference's update in fewer kernel launches.
 
 `BladeConfig` and the presets of the paper's table live in the torch-free
 `blade_service/contracts/methods/blade.py`.
@@ -41,7 +42,7 @@ from blade_core.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from blade_core.data import BatchStream, stack_batches
+from blade_core.data import BatchStream, stack_batches, unstack
 from blade_core.dynamics import ConvergenceMonitor, LrCalibrator
 from blade_core.head import final_hidden, split_head
 from blade_core.losses import (
@@ -116,19 +117,38 @@ def forget_loss(
 
 
 def stacked_losses(
-    model: torch.nn.Module, forget: dict[str, torch.Tensor], retain: dict[str, torch.Tensor], cfg: BladeConfig
-) -> tuple[torch.Tensor, float, torch.Tensor]:
-    """(L_fgt, H, L_ret): `forget_loss` and `retain_loss` from one forward over both batches stacked.
+    model: torch.nn.Module,
+    forget: list[dict[str, torch.Tensor]],
+    retain: list[dict[str, torch.Tensor]],
+    cfg: BladeConfig,
+) -> tuple[list[tuple[torch.Tensor, float]], list[torch.Tensor]]:
+    """Each forget batch's `forget_loss` and each retain batch's `retain_loss`, from one forward over all of
+    them stacked.
 
-    Each loss reads its own rows at its own width, so the values and gradients are the two passes' (to float
-    rounding); both graphs are alive at once."""
-    rows, forget_width = forget["input_ids"].shape
-    retain_width = retain["input_ids"].shape[1]
-    mask = counted_mask(forget["labels"], forget["attention_mask"], cfg.forget_tokens)
-    features, head = _features(model, stack_batches(forget, retain))
-    l_fgt, h_fgt = _clamped_entropy(features[:rows, :forget_width], head, mask, cfg)
-    l_ret = _cross_entropy(features[rows:, :retain_width], head, retain["labels"], cfg)
-    return l_fgt, h_fgt, l_ret
+    Each loss reads its own rows at its own width, so the values and gradients are those of one forward per
+    batch (to float rounding); every batch's activations are alive at once."""
+    batches = forget + retain
+    features, head = _features(model, stack_batches(batches))
+    parts = unstack(features, batches)
+    forget_parts, retain_parts = parts[: len(forget)], parts[len(forget) :]
+    forget_losses = [
+        _clamped_entropy(part, head, counted_mask(b["labels"], b["attention_mask"], cfg.forget_tokens), cfg)
+        for part, b in zip(forget_parts, forget, strict=True)
+    ]
+    retain_losses = [
+        _cross_entropy(part, head, b["labels"], cfg) for part, b in zip(retain_parts, retain, strict=True)
+    ]
+    return forget_losses, retain_losses
+
+
+def stacks_forward(cfg: BladeConfig, device: torch.device) -> bool:
+    """Whether each inner and outer step runs its micro-batches through one forward: `stacked_forward`, where
+    "auto" means on CUDA.
+
+    At these sizes a GPU waits on kernel launches, and one forward over the outer step's forget and retain
+    batches took x0.49-0.76 the time of two on an H100 and an H200; a CPU waits on arithmetic, and padding
+    batches to one width cost it up to 26% (docs/performance.md)."""
+    return cfg.stacked_forward == "on" or (cfg.stacked_forward == "auto" and device.type == "cuda")
 
 
 def inner_loop(
@@ -141,31 +161,29 @@ def inner_loop(
     """K steps of theta <- theta - eta_in * clip(grad L_ret(theta; B_k), 1), B_k being `grad_accum` retain
     micro-batches (the gradient of their mean loss); returns each step's mean L_ret before the step."""
     params = [p for g in opt.param_groups for p in g["params"]]
+    stacked = stacks_forward(cfg, device)
     losses = []
     for _ in range(cfg.inner_steps):
         opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for _ in range(cfg.grad_accum):
-            loss = retain_loss(model, _to(retain.next(), device), cfg)
-            (loss / cfg.grad_accum).backward()
-            total += loss.item()
+        if stacked:
+            batches = [_to(retain.next(), device) for _ in range(cfg.grad_accum)]
+            micro = stacked_losses(model, [], batches, cfg)[1]
+            (torch.stack(micro).sum() / cfg.grad_accum).backward()
+        else:
+            micro = []
+            for _ in range(cfg.grad_accum):
+                loss = retain_loss(model, _to(retain.next(), device), cfg)
+                (loss / cfg.grad_accum).backward()
+                micro.append(loss.detach())
         torch.nn.utils.clip_grad_norm_(params, cfg.clip_norm)
         opt.step()
-        losses.append(total / cfg.grad_accum)
+        losses.append(sum(loss.item() for loss in micro) / cfg.grad_accum)
     return losses
 
 
 def augmented_term(r: torch.Tensor, lam: float, cfg: BladeConfig) -> torch.Tensor:
     """lambda*r + rho/2*max(0, r)^2: the retain constraint's part of L_outer."""
     return lam * r + cfg.rho / 2 * torch.clamp(r, min=0.0) ** 2
-
-
-def one_outer_pass(cfg: BladeConfig, device: torch.device) -> bool:
-    """Whether `outer_step` stacks its two batches in one forward: `outer_pass`, where "auto" means on CUDA.
-
-    A GPU waits on kernel launches at these sizes, so one pass took x0.49-0.76 the time of two on an H200; a
-    CPU waits on arithmetic, and padding two batches to one width cost it up to 26% (docs/performance.md)."""
-    return cfg.outer_pass == "one" or (cfg.outer_pass == "auto" and device.type == "cuda")
 
 
 def outer_step(
@@ -180,30 +198,34 @@ def outer_step(
 ) -> dict[str, float]:
     """One Adam step on L_outer = L_fgt + lambda*r + rho/2*max(0, r)^2, r = L_ret - epsilon (a fresh batch).
 
-    Over `grad_accum` micro-batches the augmented term is taken per micro-batch. In two passes the forget and
+    Over `grad_accum` micro-batches the augmented term is taken per micro-batch. Unstacked, the forget and
     retain parts are back-propagated one after the other (the objective is a sum), so only one graph is alive
-    at a time; in one (`one_outer_pass`) both come from one forward over the two batches stacked.
+    at a time; stacked (`stacks_forward`), every part comes from one forward over all the micro-batches.
     """
     params = [p for g in opt.param_groups for p in g["params"]]
-    one_pass = one_outer_pass(cfg, device)
     opt.zero_grad(set_to_none=True)
-    sums = {"L_fgt": 0.0, "L_ret": 0.0, "H_fgt": 0.0}
-    for _ in range(cfg.grad_accum):
-        forget_batch = _to(forget.next(), device)
-        if one_pass:
-            l_fgt, h_fgt, l_ret = stacked_losses(model, forget_batch, _to(retain.next(), device), cfg)
-            ((l_fgt + augmented_term(l_ret - epsilon, lam, cfg)) / cfg.grad_accum).backward()
-        else:
-            l_fgt, h_fgt = forget_loss(model, forget_batch, cfg)
+    terms: list[tuple[torch.Tensor, float, torch.Tensor]] = []  # (L_fgt, H_fgt, L_ret) of each micro-batch
+    if stacks_forward(cfg, device):
+        forget_batches = [_to(forget.next(), device) for _ in range(cfg.grad_accum)]
+        retain_batches = [_to(retain.next(), device) for _ in range(cfg.grad_accum)]
+        fgt, ret = stacked_losses(model, forget_batches, retain_batches, cfg)
+        terms = [(l_fgt, h_fgt, l_ret) for (l_fgt, h_fgt), l_ret in zip(fgt, ret, strict=True)]
+        l_outer = [l_fgt + augmented_term(l_ret - epsilon, lam, cfg) for l_fgt, _, l_ret in terms]
+        (torch.stack(l_outer).sum() / cfg.grad_accum).backward()
+    else:
+        for _ in range(cfg.grad_accum):
+            l_fgt, h_fgt = forget_loss(model, _to(forget.next(), device), cfg)
             (l_fgt / cfg.grad_accum).backward()
             l_ret = retain_loss(model, _to(retain.next(), device), cfg)
             (augmented_term(l_ret - epsilon, lam, cfg) / cfg.grad_accum).backward()
-        sums["H_fgt"] += h_fgt
-        sums["L_fgt"] += l_fgt.item()
-        sums["L_ret"] += l_ret.item()
+            terms.append((l_fgt.detach(), h_fgt, l_ret.detach()))
     torch.nn.utils.clip_grad_norm_(params, cfg.clip_norm)
     opt.step()
-    out = {k: v / cfg.grad_accum for k, v in sums.items()}
+    out = {
+        "L_fgt": sum(l_fgt.item() for l_fgt, _, _ in terms) / cfg.grad_accum,
+        "L_ret": sum(l_ret.item() for _, _, l_ret in terms) / cfg.grad_accum,
+        "H_fgt": sum(h_fgt for _, h_fgt, _ in terms) / cfg.grad_accum,
+    }
     out["r"] = out["L_ret"] - epsilon
     return out
 

@@ -15,6 +15,9 @@ from blade_service.contracts.methods.base import BIG, CONFIG, MethodConfig
 class BladeConfig(MethodConfig):
     """BLADE hyperparameters (paper symbol, source). Defaults are the paper's TOFU setting."""
 
+    grad_accum: Annotated[int, Field(ge=1, le=1024, description="micro-batches per optimiser step")] = (
+        4  # reference, TOFU: 4 rows x 4 micro-batches = 16 rows per inner and outer step (TOFU_BATCH below)
+    )
     inner_steps: Annotated[int, Field(ge=1, le=1000, description="K: inner SGD steps per outer step")] = (
         3  # paper Sec. 4 / reference
     )
@@ -79,10 +82,13 @@ class BladeConfig(MethodConfig):
     gradient_checkpointing: Annotated[bool, Field(description="on CUDA only")] = (
         True  # CPU runs keep fp32 and no checkpointing
     )
-    outer_pass: Annotated[
-        Literal["auto", "one", "two"],
-        Field(description="the outer step's two losses: one forward over both batches stacked, or two"),
-    ] = "auto"  # the same update either way; auto: one on CUDA (x0.49-0.76 the time), two elsewhere
+    stacked_forward: Annotated[
+        Literal["auto", "on", "off"],
+        Field(
+            description="each step's micro-batches through one forward, every loss still per micro-batch"
+            " (auto: on CUDA)"
+        ),
+    ] = "auto"  # the same update either way (docs/performance.md): fewer launches, more activation memory
 
     @model_validator(mode="after")
     def _lambda_bounds(self) -> BladeConfig:
