@@ -501,7 +501,8 @@ def main(argv: list[str] | None = None) -> int:
         from blade_core.methods.blade import BladeConfig, stacks_forward
 
         checkpointing = "off" if args.no_checkpointing else "on"
-        stacked = stacks_forward(BladeConfig(stacked_forward=args.stacked_forward), device)
+        outer_batches = [{"input_ids": torch.empty(args.batch, args.seq)}] * (2 * args.grad_accum)
+        stacked = stacks_forward(BladeConfig(stacked_forward=args.stacked_forward), device, outer_batches)
         print(
             f"model: Llama hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}; "
             f"batch {args.batch} x seq {args.seq}; {args.steps} measured steps each"

@@ -290,11 +290,19 @@ def test_stacked_training_follows_the_unstacked_run():
             assert on[key] == pytest.approx(off[key], rel=1e-4), (on["step"], key)
 
 
-def test_stacked_forward_auto_is_on_on_cuda_only():
-    assert blade.stacks_forward(BladeConfig(), torch.device("cuda"))
-    assert not blade.stacks_forward(BladeConfig(), torch.device("cpu"))
-    assert blade.stacks_forward(BladeConfig(stacked_forward="on"), torch.device("cpu"))
-    assert not blade.stacks_forward(BladeConfig(stacked_forward="off"), torch.device("cuda"))
+def test_stacked_forward_auto_stacks_on_cuda_up_to_its_token_budget():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+
+    def step(rows: int, width: int, micro_batches: int = 8):
+        return [{"input_ids": torch.zeros(rows, width, dtype=torch.long)}] * micro_batches
+
+    tofu = step(4, 256)  # the outer step at the reference's 4 x 4 and the default max_length: 8,192 positions
+    assert blade.stacks_forward(BladeConfig(), cuda, tofu)
+    assert not blade.stacks_forward(BladeConfig(), cpu, tofu)
+    assert blade.stacks_forward(BladeConfig(), cuda, step(4, blade.AUTO_STACK_MAX_TOKENS // 32))
+    assert not blade.stacks_forward(BladeConfig(), cuda, step(4, blade.AUTO_STACK_MAX_TOKENS // 32 + 1))
+    assert blade.stacks_forward(BladeConfig(stacked_forward="on"), cpu, step(4, 4096))
+    assert not blade.stacks_forward(BladeConfig(stacked_forward="off"), cuda, tofu)
 
 
 def test_outer_and_inner_batches_are_the_reference_16_rows_in_every_preset_and_without_one():

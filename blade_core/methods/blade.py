@@ -141,14 +141,25 @@ def stacked_losses(
     return forget_losses, retain_losses
 
 
-def stacks_forward(cfg: BladeConfig, device: torch.device) -> bool:
-    """Whether each inner and outer step runs its micro-batches through one forward: `stacked_forward`, where
-    "auto" means on CUDA.
+# The most padded positions `auto` stacks into one forward on CUDA: 8 micro-batches of 4 x 512 tokens. At
+# 4 x 512 an H100 ran BLADE's step on an 871M-parameter model at 4% MFU, waiting on launches (performance.md).
+# Bigger steps (long rows under a raised max_length) keep a GPU busy anyway; stacking them would only hold
+# more activations at once. At the default max_length, 256, every preset's steps fit.
+AUTO_STACK_MAX_TOKENS = 16_384
+
+
+def stacks_forward(cfg: BladeConfig, device: torch.device, batches: list[dict[str, torch.Tensor]]) -> bool:
+    """Whether a step runs its micro-batches `batches` through one forward: `stacked_forward`, where "auto"
+    means on CUDA and within AUTO_STACK_MAX_TOKENS padded positions.
 
     At these sizes a GPU waits on kernel launches, and one forward over the outer step's forget and retain
-    batches took x0.49-0.76 the time of two on an H100 and an H200; a CPU waits on arithmetic, and padding
-    batches to one width cost it up to 26% (docs/performance.md)."""
-    return cfg.stacked_forward == "on" or (cfg.stacked_forward == "auto" and device.type == "cuda")
+    batches took x0.49-0.76 the time of two on an H100 and an H200; a CPU waits on arithmetic, and stacking
+    saved it 3-7% of a step at four times the memory (docs/performance.md)."""
+    if cfg.stacked_forward != "auto":
+        return cfg.stacked_forward == "on"
+    rows = sum(b["input_ids"].shape[0] for b in batches)
+    width = max(b["input_ids"].shape[1] for b in batches)
+    return device.type == "cuda" and rows * width <= AUTO_STACK_MAX_TOKENS
 
 
 def inner_loop(
@@ -161,18 +172,17 @@ def inner_loop(
     """K steps of theta <- theta - eta_in * clip(grad L_ret(theta; B_k), 1), B_k being `grad_accum` retain
     micro-batches (the gradient of their mean loss); returns each step's mean L_ret before the step."""
     params = [p for g in opt.param_groups for p in g["params"]]
-    stacked = stacks_forward(cfg, device)
     losses = []
     for _ in range(cfg.inner_steps):
         opt.zero_grad(set_to_none=True)
-        if stacked:
-            batches = [_to(retain.next(), device) for _ in range(cfg.grad_accum)]
+        batches = [_to(retain.next(), device) for _ in range(cfg.grad_accum)]
+        if stacks_forward(cfg, device, batches):
             micro = stacked_losses(model, [], batches, cfg)[1]
             (torch.stack(micro).sum() / cfg.grad_accum).backward()
         else:
             micro = []
-            for _ in range(cfg.grad_accum):
-                loss = retain_loss(model, _to(retain.next(), device), cfg)
+            for batch in batches:
+                loss = retain_loss(model, batch, cfg)
                 (loss / cfg.grad_accum).backward()
                 micro.append(loss.detach())
         torch.nn.utils.clip_grad_norm_(params, cfg.clip_norm)
@@ -204,19 +214,19 @@ def outer_step(
     """
     params = [p for g in opt.param_groups for p in g["params"]]
     opt.zero_grad(set_to_none=True)
+    forget_batches = [_to(forget.next(), device) for _ in range(cfg.grad_accum)]
+    retain_batches = [_to(retain.next(), device) for _ in range(cfg.grad_accum)]
     terms: list[tuple[torch.Tensor, float, torch.Tensor]] = []  # (L_fgt, H_fgt, L_ret) of each micro-batch
-    if stacks_forward(cfg, device):
-        forget_batches = [_to(forget.next(), device) for _ in range(cfg.grad_accum)]
-        retain_batches = [_to(retain.next(), device) for _ in range(cfg.grad_accum)]
+    if stacks_forward(cfg, device, forget_batches + retain_batches):
         fgt, ret = stacked_losses(model, forget_batches, retain_batches, cfg)
         terms = [(l_fgt, h_fgt, l_ret) for (l_fgt, h_fgt), l_ret in zip(fgt, ret, strict=True)]
         l_outer = [l_fgt + augmented_term(l_ret - epsilon, lam, cfg) for l_fgt, _, l_ret in terms]
         (torch.stack(l_outer).sum() / cfg.grad_accum).backward()
     else:
-        for _ in range(cfg.grad_accum):
-            l_fgt, h_fgt = forget_loss(model, _to(forget.next(), device), cfg)
+        for forget_batch, retain_batch in zip(forget_batches, retain_batches, strict=True):
+            l_fgt, h_fgt = forget_loss(model, forget_batch, cfg)
             (l_fgt / cfg.grad_accum).backward()
-            l_ret = retain_loss(model, _to(retain.next(), device), cfg)
+            l_ret = retain_loss(model, retain_batch, cfg)
             (augmented_term(l_ret - epsilon, lam, cfg) / cfg.grad_accum).backward()
             terms.append((l_fgt.detach(), h_fgt, l_ret.detach()))
     torch.nn.utils.clip_grad_norm_(params, cfg.clip_norm)
