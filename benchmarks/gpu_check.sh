@@ -8,8 +8,9 @@
 #      fine-tuned on the GPU (--build-device cuda), for four methods on forget01, with the selection on the
 #      validation world as usual; and, beside it, one unlearn request end to end through `blade up` (API +
 #      Celery worker + SQLite) trained on the GPU (bf16 + gradient checkpointing, the worker's CUDA
-#      defaults): request, events and metrics as JSON. The request shares the GPU with the bench, so its
-#      times are an upper bound; it checks that the service's CUDA path works.
+#      defaults), then the same request with `stacked_forward=off`: request, events and metrics as JSON.
+#      The requests share the GPU with the bench, so their times are an upper bound; they check that the
+#      service's CUDA path works.
 # Each step has its own time limit and writes under OUT as it goes, so a failure or a timeout in one step
 # still leaves the others' figures.
 #
@@ -101,29 +102,36 @@ request() {
     done
     export BLADE_API_URL=http://127.0.0.1:$port BLADE_API_KEY
     BLADE_API_KEY=$(cat "$data/admin-key")
-    t0=$SECONDS
-    "$PY" -m blade_service.cli submit --base-model demo-tiny --forget "$DEMO/data/forget01_perturbed.json" \
-        --retain "$DEMO/data/retain99.json" --wait --timeout "$1" --json >"$WORK/request.json" \
-        2>"$WORK/submit.log"
-    rc=$?
-    echo "request ended (rc $rc) $((SECONDS - t0)) s after submission"
-    "$PY" -m blade_service.cli status "$("$PY" -c "import json,sys; print(json.load(sys.stdin)['id'])" \
-        <"$WORK/request.json")" --events --json >"$WORK/events.json" 2>>"$WORK/submit.log"
+    # BLADE's defaults (`stacked_forward` auto: stacked on CUDA), then one forward per micro-batch, each on a
+    # clean stack: the first adapter is rolled back before the second request.
+    rc=0
+    for mode in auto off; do
+        t0=$SECONDS
+        "$PY" -m blade_service.cli submit --base-model demo-tiny --forget "$DEMO/data/forget01_perturbed.json" \
+            --retain "$DEMO/data/retain99.json" --set stacked_forward=$mode --wait --timeout "$1" --json \
+            >"$WORK/request-$mode.json" 2>>"$WORK/submit.log" || rc=$?
+        echo "request (stacked_forward $mode) ended (rc $rc) $((SECONDS - t0)) s after submission"
+        "$PY" - "$WORK/request-$mode.json" >"$WORK/ids-$mode.txt" <<'PYEOF'
+import json, sys
+req = json.load(open(sys.argv[1]))
+print(req["id"], req.get("adapter_id") or "")
+keys = ("id", "status", "method", "params", "error", "run_status", "progress")
+print(json.dumps({k: req[k] for k in keys if k in req}, indent=1)[:4000], file=sys.stderr)
+print(json.dumps(req.get("metrics"), indent=1)[:4000], file=sys.stderr)
+PYEOF
+        read -r id adapter <"$WORK/ids-$mode.txt"
+        "$PY" -m blade_service.cli status "$id" --events --json >"$WORK/events-$mode.json" 2>>"$WORK/submit.log"
+        [ -z "$adapter" ] || "$PY" -m blade_service.cli rollback "$adapter" --cascade \
+            --reason "gpu_check: a clean stack for the next request" >/dev/null 2>>"$WORK/submit.log"
+    done
     kill -INT $up
     for _ in $(seq 40); do kill -0 $up 2>/dev/null || break; sleep 0.5; done
     pkill -9 -f "blade_service.cli up" 2>/dev/null
     cp "$data/logs/worker.log" "$data/logs/api.log" "$WORK/" 2>/dev/null
-    "$PY" - "$WORK/request.json" <<'PYEOF'
-import json, sys
-req = json.load(open(sys.argv[1]))
-keys = ("id", "status", "method", "error", "run_status", "progress")
-print(json.dumps({k: req[k] for k in keys if k in req}, indent=1)[:4000])
-print(json.dumps(req.get("metrics"), indent=1)[:4000])
-PYEOF
     return $rc
 }
 requesting=
-[ "$REQUEST" = 0 ] || { request $(($(left) - 40)) >"$WORK/request.txt" 2>&1 & requesting=$!; }
+[ "$REQUEST" = 0 ] || { request $((($(left) - 40) / 2)) >"$WORK/request.txt" 2>&1 & requesting=$!; }
 
 echo "== 3. the quick bench at size $SIZE, built on $BUILD (left: $(left) s) =="
 (while sleep 60; do save; done) &  # a call cut off at its limit still returns the runs finished by then
