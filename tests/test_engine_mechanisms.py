@@ -223,12 +223,19 @@ def stacked_widths(monkeypatch):
     return widths
 
 
-def _one_step_each_way(step, cfg_of):
+def _text_rows(n: int, prefix: str) -> list[dict[str, str]]:
+    """MUSE-style text rows of differing lengths (a text world's loss counts every token)."""
+    return [
+        {"text": f"{prefix} {i} " + "the archive holds letters and maps " * (1 + i % 4)} for i in range(n)
+    ]
+
+
+def _one_step_each_way(step, cfg_of, **rows):
     """`step(task, cfg, params)` unstacked, then stacked, each on a fresh tiny task: (its out, its grads)."""
     runs = {}
     for mode in ("off", "on"):
         cfg = cfg_of(mode)
-        task = tiny_task(cfg)
+        task = tiny_task(cfg, **rows)
         params = [p for p in task.model.parameters() if p.requires_grad]
         runs[mode] = step(task, cfg, params), [p.grad.clone() for p in params]
     (off, off_grads), (on, on_grads) = runs["off"], runs["on"]
@@ -238,13 +245,16 @@ def _one_step_each_way(step, cfg_of):
     return on, off
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["fused-head", "logits"])
-def test_stacked_outer_step_gives_the_unstacked_update(monkeypatch, stacked_widths, fused):
+@pytest.mark.parametrize(
+    "fused, text", [(True, False), (False, False), (True, True)], ids=["fused-head", "logits", "text-rows"]
+)
+def test_stacked_outer_step_gives_the_unstacked_update(monkeypatch, stacked_widths, fused, text):
     """One forward over every micro-batch (each padded to the widest) changes how L_outer is computed, not
     its value or gradient, with the augmented term still per micro-batch; epsilon is set low so that r > 0
     and the quadratic term counts too."""
     if not fused:
         monkeypatch.setattr(blade, "split_head", lambda model: None)
+    rows = {"forget_rows": _text_rows(6, "f"), "retain_rows": _text_rows(24, "r")} if text else {}
 
     def step(task, cfg, params):
         opt = torch.optim.Adam(params, lr=cfg.eta_out)
@@ -255,7 +265,7 @@ def test_stacked_outer_step_gives_the_unstacked_update(monkeypatch, stacked_widt
         return out
 
     on, off = _one_step_each_way(
-        step, lambda mode: BladeConfig(stacked_forward=mode, rho=5.0, **{**FAST, "grad_accum": 3})
+        step, lambda mode: BladeConfig(stacked_forward=mode, rho=5.0, **{**FAST, "grad_accum": 3}), **rows
     )
     assert len(stacked_widths) == 1 and len(stacked_widths[0]) == 6  # 3 forget + 3 retain micro-batches
     assert len(set(stacked_widths[0])) > 1  # padding was exercised
