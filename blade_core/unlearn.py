@@ -33,7 +33,7 @@ from blade_core.data import load_tokenized
 from blade_core.methods import get_method
 from blade_core.methods.base import Hooks, MethodConfig, RunStatus, UnlearnTask
 from blade_core.modeling import enable_activation_checkpointing, load_model_and_tokenizer, pick_device
-from blade_service.contracts.methods import PRESETS
+from blade_service.contracts.methods import PRESETS, BaselineConfig
 from blade_service.contracts.params import make_config
 
 if TYPE_CHECKING:
@@ -148,9 +148,8 @@ def run_unlearning(
     out_dir. Learning rates not in `overrides` follow blade_core/lr_scale.py's rule (factor `lr_scale`, by
     default the model's own; times `lr_multiplier`); forget Prob is measured before and after."""
     config = build_config(method, preset, overrides, max_steps, seed)
-    if getattr(config, "show_progress", False):  # `progress` draws the one bar, for every method alike
-        baseline: Any = config  # show_progress is a baseline field, not MethodConfig's
-        config = dataclasses.replace(baseline, show_progress=False)
+    if isinstance(config, BaselineConfig) and config.show_progress:  # `progress` draws the one bar, for all
+        config = dataclasses.replace(config, show_progress=False)
     adapters = [lora.check_adapter_dir(a) for a in adapters]
     dev = pick_device(device)
     started = time.time()

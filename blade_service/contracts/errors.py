@@ -26,14 +26,12 @@ class ParamError(ContractError):
         others: tuple[ParamError, ...] = (),
         unreported: int = 0,
     ):
-        one = f"{owner}.{field}: {message}" if owner else f"{field}: {message}"
-        more = [f"and {unreported} more"] if unreported else []
-        super().__init__("; ".join([one, *(str(e) for e in others), *more]))
         self.field = field
         self.message = message
         self.owner = owner
         self.others = others
         self.unreported = unreported  # faults found beyond MAX_REPORTED, counted only
+        super().__init__(self.describe())
 
     @classmethod
     def of(cls, faults: list[ParamError]) -> ParamError:
@@ -46,6 +44,17 @@ class ParamError(ContractError):
     def all(self) -> list[ParamError]:
         """This fault and the others, in the order they were found."""
         return [ParamError(self.field, self.message, self.owner), *self.others]
+
+    def describe(self, prefix: str | None = None) -> str:
+        """Every fault as `<prefix><field>: <message>`, '; '-joined, then the count of the unnamed ones; the
+        prefix defaults to each fault's `Owner.` (the API's is `params.`)."""
+
+        def one(e: ParamError) -> str:
+            where = prefix if prefix is not None else f"{e.owner}." if e.owner else ""
+            return f"{where}{e.field}: {e.message}"
+
+        more = [f"and {self.unreported} more"] if self.unreported else []
+        return "; ".join([one(self), *(one(e) for e in self.others), *more])
 
 
 class BaseModelUnavailable(FileNotFoundError):

@@ -482,12 +482,7 @@ def submit_request(
     try:
         checked = validate_params(method, params)
     except ParamError as exc:  # every field at fault, the first as `field`
-        more = [f"and {exc.unreported} more"] if exc.unreported else []
-        raise Invalid(
-            "; ".join([*(f"params.{e.field}: {e.message}" for e in exc.all()), *more]),
-            code="invalid_param",
-            field=f"params.{exc.field}",
-        ) from None
+        raise Invalid(exc.describe("params."), code="invalid_param", field=f"params.{exc.field}") from None
     if checked.get("use_lora") is False:  # every result is an adapter version: it must stack and roll back
         raise Invalid(
             "params.use_lora: the service stores every result as a LoRA adapter; use_lora=false "
