@@ -61,21 +61,27 @@ class TokenizedDataset:
         return sum(len(ids) for ids in self.input_ids)
 
 
-def format_qa(tokenizer: Any, question: str, answer: str) -> tuple[str, str]:
-    """(prompt, full text): the chat template's user turn + generation prompt when the tokenizer has one,
-    else `Question: {q}\\nAnswer:`; the full text is the prompt, the answer and the eos token."""
-    eos = tokenizer.eos_token or ""
-    if getattr(tokenizer, "chat_template", None):
-        prompt = tokenizer.apply_chat_template(
-            [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
-        )
-        return prompt, prompt + answer + eos
-    prompt = f"Question: {question}\nAnswer:"
-    return prompt, f"{prompt} {answer}{eos}"
-
-
 def _uses_template(tokenizer: Any) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
+
+
+def format_question(tokenizer: Any, question: str) -> str:
+    """The prompt a QA row's answer follows: the chat template's user turn + generation prompt when the
+    tokenizer has one, else `Question: {q}\\nAnswer:`."""
+    if _uses_template(tokenizer):
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+        )
+    return f"Question: {question}\nAnswer:"
+
+
+def format_qa(tokenizer: Any, question: str, answer: str) -> tuple[str, str]:
+    """(prompt, full text): `format_question`'s prompt; the full text is the prompt, the answer (after a
+    space without a chat template) and the eos token."""
+    prompt, eos = format_question(tokenizer, question), tokenizer.eos_token or ""
+    if _uses_template(tokenizer):
+        return prompt, prompt + answer + eos
+    return prompt, f"{prompt} {answer}{eos}"
 
 
 def encode_qa(tokenizer: Any, question: str, answer: str) -> tuple[list[int], list[int]]:

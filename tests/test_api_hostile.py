@@ -51,6 +51,7 @@ def test_unstorable_characters_in_body_fields_are_422_naming_the_field(api_clien
         ("POST", "/adapters/ad_missing/enable", {"reason": bad}, "reason"),
         ("POST", "/unlearn-requests/req_missing/cancel", {"reason": bad}, "reason"),
         ("POST", f"/base-models/{ready.base_model}/generate", {"prompt": bad}, "prompt"),
+        ("POST", f"/base-models/{ready.base_model}/generate", {"question": bad}, "question"),
     ]
     before = row_counts(db_engine)
     for method, path, body, field in cases:

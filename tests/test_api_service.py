@@ -79,6 +79,19 @@ def test_generate_waits_a_bounded_time_for_a_worker(api_client, ready, service_r
         f"/base-models/{ready.base_model}/generate", headers=h, json={"prompt": "Who?", "max_new_tokens": 0}
     )
     assert resp.status_code == 422 and resp.json()["error"]["field"] == "max_new_tokens"
+    # A question instead of raw text passes validation and goes to a worker as well (then 504 here).
+    resp = api_client.post(f"/base-models/{ready.base_model}/generate", headers=h, json={"question": "Who?"})
+    assert resp.status_code == 504 and resp.json()["error"]["code"] == "generate_timeout"
+
+
+@pytest.mark.parametrize("body", [{}, {"prompt": "Who?", "question": "Who?"}], ids=["neither", "both"])
+def test_generate_takes_exactly_one_of_prompt_and_question(api_client, ready, body):
+    resp = api_client.post(
+        f"/base-models/{ready.base_model}/generate", headers=headers(ready.tenant.admin), json=body
+    )
+    error = resp.json()["error"]
+    assert resp.status_code == 422 and error["code"] == "validation_error" and error["field"] == "prompt"
+    assert "question" in error["message"]
 
 
 def test_the_api_process_never_imports_torch(tmp_path):

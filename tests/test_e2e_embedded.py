@@ -137,6 +137,11 @@ def test_blade_up_serves_a_request_end_to_end(tiny_model_dir, tmp_path):
             assert stack[-1]["id"] == done["adapter_id"] and stack[-1]["state"] == "active"
             out = c.generate("demo-tiny", "Where was Ada Alder born?", max_new_tokens=4)
             assert out["stack"] == [a["id"] for a in stack if a["state"] == "active"]
+            # A question is asked as the model's QA rows were: the same completion as that prompt, raw.
+            question = retain_rows(1)[0]["question"]
+            asked = c.generate("demo-tiny", question=question, max_new_tokens=8)
+            assert asked["question"] == question and asked["prompt"] == f"Question: {question}\nAnswer:"
+            assert c.generate("demo-tiny", asked["prompt"], max_new_tokens=8)["text"] == asked["text"]
 
         # Ctrl-C: everything stops, cleanly.
         os.killpg(proc.pid, signal.SIGINT)

@@ -7,7 +7,14 @@ import json
 import pytest
 import torch
 
-from blade_core.data import BatchStream, collate, format_qa, load_tokenized, tokenize_rows
+from blade_core.data import (
+    BatchStream,
+    collate,
+    format_qa,
+    format_question,
+    load_tokenized,
+    tokenize_rows,
+)
 from blade_core.testing import tiny_qa_rows, tiny_tokenizer, write_rows
 from blade_service.contracts.records import DatasetError, read_records
 
@@ -19,7 +26,7 @@ def tok():
 
 def test_format_qa_without_chat_template(tok):
     prompt, full = format_qa(tok, "Who is Ada?", "A baker.")
-    assert prompt == "Question: Who is Ada?\nAnswer:"
+    assert prompt == format_question(tok, "Who is Ada?") == "Question: Who is Ada?\nAnswer:"
     assert full == "Question: Who is Ada?\nAnswer: A baker.</s>"
 
 
@@ -27,7 +34,9 @@ def test_format_qa_uses_the_chat_template_when_present(tok):
     tok.chat_template = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}<|assistant|>"
     try:
         prompt, full = format_qa(tok, "Q?", "A.")
-        assert prompt == "<|user|>Q?\n<|assistant|>" and full == prompt + "A.</s>"
+        assert (
+            prompt == format_question(tok, "Q?") == "<|user|>Q?\n<|assistant|>" and full == prompt + "A.</s>"
+        )
     finally:
         tok.chat_template = None
 

@@ -116,13 +116,24 @@ class BaseModelOut(Schema):
 
 
 class GenerateIn(StrictIn):
-    prompt: SafeStr = Field(min_length=1, max_length=8000)
+    prompt: SafeStr | None = Field(
+        default=None, min_length=1, max_length=8000, description="raw text to continue (or `question`)"
+    )
+    question: SafeStr | None = Field(
+        default=None,
+        min_length=1,
+        max_length=8000,
+        description="a question, asked the way the model's QA rows are (its chat template, else "
+        "`Question: ...\\nAnswer:`): what forget and retain rows ask. Give this or `prompt`",
+        examples=["Where was Teimo Aniavmont born?"],
+    )
     max_new_tokens: int = Field(default=64, ge=1, le=1024)
 
 
 class GenerateOut(Schema):
     base_model: str
-    prompt: str
+    prompt: str = Field(description="the text the model continued (a `question` in the model's QA format)")
+    question: str | None = None
     text: str
     stack: list[str] = Field(description="ids of the active adapters that were applied, in order")
 

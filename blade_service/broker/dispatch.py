@@ -4,7 +4,7 @@ app.
 
 from blade_service.broker.dispatch import enqueue_unlearn, generate
 enqueue_unlearn(request.id)                          # after the request row is committed (submission relay)
-text = generate("demo-tiny", "Who wrote ...?", max_new_tokens=32, timeout=60)
+completion = generate("demo-tiny", "Who wrote ...?", max_new_tokens=32, timeout=60, as_question=True)
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from celery.exceptions import TimeoutError as CeleryTimeout
 
@@ -130,8 +130,21 @@ def enqueue_reconcile() -> bool:
     return True
 
 
-def generate(base_model: str, prompt: str, max_new_tokens: int = 64, timeout: float = 60.0) -> str:
-    """Greedy completion of `prompt` by `base_model` plus its active adapter stack, computed on a worker.
+class Completion(NamedTuple):
+    prompt: str  # the text the model continued: a question in the model's own QA format (`as_question`)
+    text: str
+
+
+def generate(
+    base_model: str,
+    prompt: str,
+    max_new_tokens: int = 64,
+    timeout: float = 60.0,
+    *,
+    as_question: bool = False,
+) -> Completion:
+    """Greedy completion of `prompt` by `base_model` plus its active adapter stack, computed on a worker;
+    with `as_question`, `prompt` is a question the worker formats as the model's QA rows are formatted.
 
     Waits at most `timeout` seconds: raises GenerateTimeout when no worker answered in time (the message
     expires unprocessed), DispatchError when the broker is unreachable or the worker failed.
@@ -139,7 +152,12 @@ def generate(base_model: str, prompt: str, max_new_tokens: int = 64, timeout: fl
     try:
         result = app.send_task(
             TaskName.GENERATE.value,
-            kwargs={"base_model": base_model, "prompt": prompt, "max_new_tokens": int(max_new_tokens)},
+            kwargs={
+                "base_model": base_model,
+                "prompt": prompt,
+                "max_new_tokens": int(max_new_tokens),
+                "as_question": as_question,
+            },
             queue=Queue.INFERENCE.value,
             priority=Priority.HIGH.value,
             expires=timeout,  # nobody waits for an answer after this: don't compute it
@@ -159,4 +177,4 @@ def generate(base_model: str, prompt: str, max_new_tokens: int = 64, timeout: fl
     if payload.get("error"):
         err = payload["error"]
         raise DispatchError(err.get("code", "generate_failed"), err.get("message", "generation failed"))
-    return str(payload["text"])
+    return Completion(prompt=str(payload.get("prompt", prompt)), text=str(payload["text"]))

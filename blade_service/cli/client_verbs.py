@@ -8,7 +8,8 @@ Lists page through every cursor page; output is a table (or `--json`). Examples:
     blade download ad_... --out adapter/       # the PEFT dir, extracted and sha256-checked
     blade certificate req_... --out cert.json  # then: blade verify-certificate cert.json
     blade datasets list|show|upload|delete · blade base-models list|show|register|adapters
-    blade rollback ad_... --reason "..." [--cascade] [--enable] · blade generate demo-tiny "Q: ..."
+    blade rollback ad_... --reason "..." [--cascade] [--enable]
+    blade generate demo-tiny --question "Where was ... born?"  # or a raw prompt to continue
 """
 
 from __future__ import annotations
@@ -113,7 +114,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = _verb(subparsers, "generate", run_generate, "greedy completion by a base model and its active stack")
     p.add_argument("base_model")
-    p.add_argument("prompt")
+    text = p.add_mutually_exclusive_group(required=True)
+    text.add_argument("prompt", nargs="?", help="raw text to continue")
+    text.add_argument(
+        "--question", "-q", help="a question, asked the way the model's forget and retain rows ask it"
+    )
     p.add_argument("--max-new-tokens", type=int, default=None)
 
     p = _verb(subparsers, "compact", run_compact, "merge a model's active stack into one version (admin)")
@@ -520,7 +525,9 @@ def run_download(args: argparse.Namespace) -> int:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    doc = _call(args, lambda c: c.generate(args.base_model, args.prompt, args.max_new_tokens))
+    doc = _call(
+        args, lambda c: c.generate(args.base_model, args.prompt, args.max_new_tokens, question=args.question)
+    )
     if args.json:
         _show(args, doc)
     else:

@@ -210,8 +210,17 @@ class BladeClient:
         """The model's adapter stack in order, active and disabled."""
         return list(self.iter_items(f"/base-models/{base_model}/adapters"))
 
-    def generate(self, base_model: str, prompt: str, max_new_tokens: int | None = None) -> JSON:
-        body: JSON = {"prompt": prompt}
+    def generate(
+        self,
+        base_model: str,
+        prompt: str | None = None,
+        max_new_tokens: int | None = None,
+        *,
+        question: str | None = None,
+    ) -> JSON:
+        """A greedy completion of raw `prompt`, or of a `question` asked as the model's QA rows ask it."""
+        given = {"prompt": prompt, "question": question}
+        body: JSON = {name: text for name, text in given.items() if text is not None}
         if max_new_tokens is not None:
             body["max_new_tokens"] = max_new_tokens
         return self.request("POST", f"/base-models/{base_model}/generate", json=body)

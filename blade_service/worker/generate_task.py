@@ -28,8 +28,12 @@ _MODEL_LOCK = threading.Lock()
 
 
 @app.task(name=TaskName.GENERATE.value, soft_time_limit=300, time_limit=360)
-def generate(*, base_model: str, prompt: str, max_new_tokens: int = 64) -> dict[str, Any]:
-    """Greedy completion by base + active stack; the model is cached per stack digest."""
+def generate(
+    *, base_model: str, prompt: str, max_new_tokens: int = 64, as_question: bool = False
+) -> dict[str, Any]:
+    """Greedy completion by base + active stack; the model is cached per stack digest. With `as_question`,
+    `prompt` is a question, asked the way training and evaluation ask it (`format_question`); the result's
+    `prompt` is the text the model continued."""
     settings = get_settings()
     try:
         storage = get_storage(settings)
@@ -54,13 +58,17 @@ def generate(*, base_model: str, prompt: str, max_new_tokens: int = 64) -> dict[
                     free_accelerator()
             _MODEL_CACHE.move_to_end(digest)
             model, tokenizer = entry
+            from blade_core.data import format_question
             from blade_core.evaluation.generation import generate as greedy
 
+            if as_question:
+                prompt = format_question(tokenizer, prompt)
             text = greedy(
                 model, tokenizer, [prompt], max_new_tokens=max(1, int(max_new_tokens)), batch_size=1
             )[0]
         return {
             "text": text,
+            "prompt": prompt,
             "base_model": base_model,
             "stack": [i for i, _, _ in stack],
             "stack_digest": digest,

@@ -11,7 +11,7 @@ from blade_service.api.pagination import Cursor, Limit, Offset, Page, page_after
 from blade_service.api.schemas import BaseModelIn, BaseModelOut, GenerateIn, GenerateOut
 from blade_service.broker import dispatch
 from blade_service.persistence import auth, base_models, hub, registry
-from blade_service.persistence.errors import GatewayTimeout, ServiceError, Unavailable
+from blade_service.persistence.errors import GatewayTimeout, Invalid, ServiceError, Unavailable
 from blade_service.persistence.storage import Storage
 
 router = APIRouter(prefix="/base-models", tags=["base models"])
@@ -96,17 +96,44 @@ def list_adapters(
 def generate_text(
     name: str, body: GenerateIn, session: SessionDep, settings: SettingsDep, key: ReadKey
 ) -> GenerateOut:
-    """Greedy completion by the base model plus its active adapters, computed on a worker (bounded wait)."""
+    """Greedy completion by the base model plus its active adapters, computed on a worker (bounded wait):
+    of raw text (`prompt`), or of a `question` asked as the model's QA rows ask it."""
+    text, as_question = _text_to_continue(body)
     model = base_models.get_visible(session, name=name, tenant_id=key.tenant_id)
     stack = stack_refs(registry.effective_stack(session, model), tenant_id=auth.tenant_scope(key))
     session.close()  # hold no connection while waiting for the worker
-    text = _dispatch_generate(model.name, body.prompt, body.max_new_tokens, settings.generate_timeout_s)
-    return GenerateOut(base_model=model.name, prompt=body.prompt, text=text, stack=stack)
+    completion = _dispatch_generate(
+        model.name, text, body.max_new_tokens, settings.generate_timeout_s, as_question=as_question
+    )
+    return GenerateOut(
+        base_model=model.name,
+        prompt=completion.prompt,
+        question=body.question,
+        text=completion.text,
+        stack=stack,
+    )
 
 
-def _dispatch_generate(base_model: str, prompt: str, max_new_tokens: int, timeout: float) -> str:
+def _text_to_continue(body: GenerateIn) -> tuple[str, bool]:
+    """(text, whether it is a question): exactly one of `prompt` and `question`."""
+    if body.prompt is not None and body.question is None:
+        return body.prompt, False
+    if body.question is not None and body.prompt is None:
+        return body.question, True
+    raise Invalid(
+        "prompt: give exactly one of prompt (raw text to continue) and question",
+        code="validation_error",
+        field="prompt",
+    )
+
+
+def _dispatch_generate(
+    base_model: str, text: str, max_new_tokens: int, timeout: float, *, as_question: bool
+) -> dispatch.Completion:
     try:
-        return dispatch.generate(base_model, prompt, max_new_tokens=max_new_tokens, timeout=timeout)
+        return dispatch.generate(
+            base_model, text, max_new_tokens=max_new_tokens, timeout=timeout, as_question=as_question
+        )
     except TimeoutError:
         raise GatewayTimeout(f"no worker answered within {timeout:g} s", code="generate_timeout") from None
     except dispatch.DispatchError as exc:
