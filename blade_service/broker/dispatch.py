@@ -149,15 +149,13 @@ def generate(
     Waits at most `timeout` seconds: raises GenerateTimeout when no worker answered in time (the message
     expires unprocessed), DispatchError when the broker is unreachable or the worker failed.
     """
+    kwargs: dict[str, Any] = {"base_model": base_model, "prompt": prompt, "max_new_tokens": max_new_tokens}
+    if as_question:  # only then: a worker deployed before questions still serves raw prompts
+        kwargs["as_question"] = True
     try:
         result = app.send_task(
             TaskName.GENERATE.value,
-            kwargs={
-                "base_model": base_model,
-                "prompt": prompt,
-                "max_new_tokens": int(max_new_tokens),
-                "as_question": as_question,
-            },
+            kwargs=kwargs,
             queue=Queue.INFERENCE.value,
             priority=Priority.HIGH.value,
             expires=timeout,  # nobody waits for an answer after this: don't compute it
@@ -177,4 +175,4 @@ def generate(
     if payload.get("error"):
         err = payload["error"]
         raise DispatchError(err.get("code", "generate_failed"), err.get("message", "generation failed"))
-    return Completion(prompt=str(payload.get("prompt", prompt)), text=str(payload["text"]))
+    return Completion(prompt=str(payload.get("prompt", prompt)), text=str(payload["text"]))  # ditto
