@@ -6,6 +6,7 @@ be downloaded here, so tests and the demo use models that `new_llama` builds and
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,6 +162,13 @@ def load_tokenizer(ref: str | Path, revision: str | None = None) -> PreTrainedTo
     return tokenizer
 
 
+# transformers' from_pretrained changes process-wide state while it builds a model: torch's default dtype, and
+# `PreTrainedModel.tie_weights`, a no-op until the load ends. Two threads loading at once (the embedded
+# worker's thread pool: a /generate beside a request) left tied weights on the meta device and could leave
+# tie_weights a no-op for the rest of the process (tests/test_model_loading.py), so loads take turns.
+_LOAD_LOCK = threading.Lock()
+
+
 def load_model(
     ref: str | Path,
     device: torch.device | None = None,
@@ -177,9 +185,10 @@ def load_model(
     if path.exists() and not (path / "config.json").is_file():
         raise BaseModelUnavailable(f"{path}: not a model directory (no config.json)")
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(ref), revision=revision, dtype=dtype, trust_remote_code=False, use_safetensors=True
-        )
+        with _LOAD_LOCK:
+            model = AutoModelForCausalLM.from_pretrained(
+                str(ref), revision=revision, dtype=dtype, trust_remote_code=False, use_safetensors=True
+            )
     except OSError as exc:  # no such dir or hub id, no safetensors weights, unreadable files
         raise BaseModelUnavailable(f"{ref}: the model could not be loaded: {exc}") from exc
     module: torch.nn.Module = model  # transformers wraps PreTrainedModel.to in a way mypy misreads
