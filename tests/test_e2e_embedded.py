@@ -119,6 +119,18 @@ def test_blade_up_serves_a_request_end_to_end(tiny_model_dir, tmp_path):
         )
         assert shell.returncode == 0, shell.stderr
         pasted = re.search(r"REQ=(req_[0-9a-f]+)", shell.stdout).group(1)
+        # Its last line asks the model the forget file's first question.
+        ask = [ln for ln in lines if ln.endswith("# before and after the request")]
+        shell = subprocess.run(
+            ["bash", "-euc", "\n".join([*lines[:2], *ask])],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        answer = json.loads(shell.stdout)
+        assert answer.get("question") == forget_rows(1)[0]["question"], (ask, answer)
+        assert answer["prompt"] == f"Question: {answer['question']}\nAnswer:"
 
         with BladeClient(url, api_key=key, timeout=60) as c:
             assert [m["name"] for m in c.base_models()] == ["demo-tiny"]

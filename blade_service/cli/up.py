@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import secrets
 import shlex
@@ -23,6 +24,7 @@ from typing import Any
 
 from blade_service.cli.main import CliError
 from blade_service.cli.worker import EMBEDDED_QUEUES
+from blade_service.contracts.records import DatasetError, read_records
 
 DEMO_MODEL_NAME = "demo-tiny"
 ADMIN_KEY_FILE = "admin-key"  # under the data dir, mode 0600: the key `blade up` generated on first start
@@ -170,8 +172,19 @@ def _demo_files(data_dir: Path, demo_data: Path | None) -> tuple[Path, Path] | N
     return (forget.resolve(), retain.resolve()) if forget.is_file() and retain.is_file() else None
 
 
+def _first_question(forget: Path) -> str | None:
+    """The forget file's first question (for the printed generation), or None."""
+    try:
+        rows, _ = read_records(forget)
+    except DatasetError:
+        return None
+    question = rows[0].data.get("question")
+    return question if isinstance(question, str) and question.strip() else None
+
+
 def first_request_curl(url: str, key_expr: str, files: tuple[Path, Path] | None) -> str:
-    """A ready-to-paste shell sequence: upload forget + retain, submit, poll, generate."""
+    """A ready-to-paste shell sequence: upload forget + retain, submit, poll, and ask the model the forget
+    file's first question (before the request: the memorised answer; after it: not)."""
     forget, retain = files if files else (Path("forget.jsonl"), Path("retain.jsonl"))
     pick = "python3 -c 'import json,sys; print(json.load(sys.stdin)[\"id\"])'"
     lines = [
@@ -189,6 +202,13 @@ def first_request_curl(url: str, key_expr: str, files: tuple[Path, Path] | None)
         'curl -s -H "Authorization: Bearer $KEY" $URL/unlearn-requests/$REQ/metrics; echo',
         f'curl -s -H "Authorization: Bearer $KEY" $URL/base-models/{DEMO_MODEL_NAME}/adapters; echo',
     ]
+    question = _first_question(forget) if files else None
+    if question is not None:
+        body = shlex.quote(json.dumps({"question": question, "max_new_tokens": 24}))
+        lines.append(
+            'curl -s -H "Authorization: Bearer $KEY" -H "Content-Type: application/json" '
+            f"-d {body} $URL/base-models/{DEMO_MODEL_NAME}/generate; echo   # before and after the request"
+        )
     return "\n".join(lines)
 
 
