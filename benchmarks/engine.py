@@ -2,7 +2,8 @@
 model (time, tokens/s, memory, and each protocol to its end: BLADE to its convergence stop vs GradDiff's 10
 epochs), peak memory of the chunked vs the naive clamped entropy at vocabulary 128k, sequence 1024, batch 1,
 the clamped entropy fused with the LM head (no (B, T, V) logits) vs the logits path at that size, and BLADE's
-outer losses in two forward/backward passes (as `outer_step` runs them) vs one pass over both batches stacked.
+outer losses in two forward/backward passes (as `outer_step` runs them) vs one pass over both batches stacked,
+and with `--compile`, those losses and their gradients compiled against eager.
 
     .venv/bin/python benchmarks/engine.py                # defaults below; --help for sizes
     .venv/bin/python benchmarks/engine.py --device cuda  # CUDA peak allocated memory instead of RSS
@@ -34,6 +35,8 @@ import torch
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+    from blade_core.methods.blade import BladeConfig
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -104,13 +107,17 @@ def _model_and_data(args: argparse.Namespace, device: torch.device):
     if device.type == "cuda" and not args.no_checkpointing:
         enable_activation_checkpointing(model)
     if args.compile:  # lazily, at the first forward: after BLADE's LoRA is attached; the warm-up step pays
-        for layer in model.model.layers:
-            layer.compile(mode=args.compile)
+        _compile_layers(model.model.layers, args.compile)
     n_rows = args.batch * 8
     ids = torch.randint(3, args.vocab, (n_rows, args.seq))
     rows = [ids[i].tolist() for i in range(n_rows)]
     labels = [[-100] * (args.seq // 2) + r[args.seq // 2 :] for r in rows]  # prompt = first half
     return model, rows, labels
+
+
+def _compile_layers(layers: torch.nn.ModuleList, mode: str) -> None:
+    for layer in layers:
+        layer.compile(mode=mode)
 
 
 # Dense bf16 peak of the accelerators we may be lent (NVIDIA's data sheets, without sparsity), for MFU.
@@ -232,6 +239,15 @@ def work_grad_diff(args: argparse.Namespace, device: torch.device) -> dict[str, 
     return _timed(step, args, device, trainable, 2 * args.batch * args.seq, flops)
 
 
+def _outer_config(args: argparse.Namespace) -> BladeConfig:
+    """BLADE's config for the outer losses' comparisons, at tau = 1: an untrained model's entropy sits near
+    log V, above the default tau's threshold, where the clamp zeroes L_fgt and its gradient; at tau = 1 every
+    token counts, so the comparisons cover the forget loss's gradient too."""
+    from blade_core.methods.blade import BladeConfig
+
+    return BladeConfig(batch_size=args.batch, max_length=args.seq, tau=1.0)
+
+
 def _outer_work(args: argparse.Namespace, device: torch.device, *, one_pass: bool) -> dict[str, Any]:
     """The gradient of BLADE's outer objective's two losses, L_fgt on `batch` forget rows of `seq` tokens and
     L_ret on `batch` retain rows of `retain_seq` tokens: two forward/backward passes or one over both batches
@@ -241,7 +257,7 @@ def _outer_work(args: argparse.Namespace, device: torch.device, *, one_pass: boo
 
     model, rows, labels = _model_and_data(args, device)
     flops = 2 * forward_flops_per_token(model, args.seq)
-    cfg = blade.BladeConfig(batch_size=args.batch, max_length=args.seq)
+    cfg = _outer_config(args)
     model = lora.attach_adapter(model, cfg)
     model.train()
     params = lora.trainable_parameters(model)
@@ -273,6 +289,63 @@ def _outer_work(args: argparse.Namespace, device: torch.device, *, one_pass: boo
     result["loss"] = total["loss"]
     result["grad_norms"] = [p.grad.double().norm().item() for p in params if p.grad is not None]
     return result
+
+
+def work_compile_check(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """BLADE's outer losses (L_fgt, L_ret) and LoRA gradients with every decoder layer compiled (`--compile`)
+    against eager, on the same weights and rows: each relative gap, at the first compiled call (compilation)
+    and the second (under reduce-overhead on CUDA, a replay of the recorded graphs)."""
+    from blade_core import lora
+    from blade_core.methods import blade
+
+    model, rows, labels = _model_and_data(argparse.Namespace(**{**vars(args), "compile": None}), device)
+    cfg = _outer_config(args)
+    layers = model.model.layers
+    model = lora.attach_adapter(model, cfg)
+    model.train()
+    params = lora.trainable_parameters(model)
+    b = args.batch
+
+    def batch(first: int) -> dict[str, torch.Tensor]:
+        ids = torch.tensor(rows[first : first + b], device=device)
+        lab = torch.tensor(labels[first : first + b], device=device)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": lab}
+
+    forget, retain = batch(0), batch(b)
+
+    def losses_and_grads() -> tuple[list[float], list[torch.Tensor]]:
+        torch.compiler.cudagraph_mark_step_begin()  # a new iteration: earlier graph outputs may be reused
+        for p in params:
+            p.grad = None
+        l_fgt = blade.forget_loss(model, forget, cfg)[0]
+        l_ret = blade.retain_loss(model, retain, cfg)
+        (l_fgt + l_ret).backward()
+        return [l_fgt.item(), l_ret.item()], [p.grad.detach().double().clone() for p in params]
+
+    def gaps(eager: tuple[list[float], list[torch.Tensor]], other: tuple[list[float], list[torch.Tensor]]):
+        (losses_e, grads_e), (losses_o, grads_o) = eager, other
+        return {
+            "loss_gaps": [abs(o - e) / max(abs(e), 1e-12) for e, o in zip(losses_e, losses_o, strict=True)],
+            "grad_gap": max(
+                ((o - e).norm() / e.norm().clamp_min(1e-12)).item()
+                for e, o in zip(grads_e, grads_o, strict=True)
+            ),
+        }
+
+    eager = losses_and_grads()
+    again = losses_and_grads()
+    _compile_layers(layers, args.compile)  # with their LoRA layers, as `--compile` compiles them
+    t0 = time.perf_counter()
+    first = losses_and_grads()
+    compile_s = time.perf_counter() - t0
+    second = losses_and_grads()
+    return {
+        "losses": eager[0],
+        "eager_again": gaps(eager, again),
+        "compiled_first": gaps(eager, first),
+        "compiled_second": gaps(eager, second),
+        "first_call_s": compile_s,
+    }
 
 
 def work_outer_two_passes(args, device):
@@ -363,6 +436,7 @@ WORKS = {
     "entropy_naive": work_entropy_naive,
     "outer_two_passes": work_outer_two_passes,
     "outer_one_pass": work_outer_one_pass,
+    "compile_check": work_compile_check,
 }
 
 
@@ -382,6 +456,11 @@ def protocol_costs(args: argparse.Namespace, blade: dict, grad_diff: dict) -> di
         "grad_diff_s": grad_diff_s,
         "ratio": blade_s / grad_diff_s,
     }
+
+
+def _gaps_line(gaps: dict[str, Any]) -> str:
+    (fgt, ret), grad = gaps["loss_gaps"], gaps["grad_gap"]
+    return f"L_fgt {fgt:.1e}, L_ret {ret:.1e}, gradients {grad:.1e}"
 
 
 def _measure(name: str, argv: list[str]) -> dict[str, Any]:
@@ -557,6 +636,16 @@ def main(argv: list[str] | None = None) -> int:
             f"x{one['peak_extra_mb'] / max(two['peak_extra_mb'], 1e-9):.2f}; "
             f"per-parameter gradient norms agree to {gap:.1e} (relative)"
         )
+    if args.compile and not args.skip_steps:
+        figures["compile_check"] = c = _measure("compile_check", passthrough)
+        save()
+        print(
+            f"decoder layers compiled ({args.compile}) vs eager, one outer step's losses and LoRA gradients, "
+            "relative gaps:"
+        )
+        print(f"  eager, run again:       {_gaps_line(c['eager_again'])}")
+        print(f"  compiled, first call:   {_gaps_line(c['compiled_first'])} ({c['first_call_s']:.1f} s)")
+        print(f"  compiled, second call:  {_gaps_line(c['compiled_second'])}")
     if not args.skip_entropy:
         print(
             f"clamped entropy, batch 1 x seq {args.entropy_seq} x vocab {args.entropy_vocab} "
