@@ -98,8 +98,8 @@ def generate_text(
 ) -> GenerateOut:
     """Greedy completion by the base model plus its active adapters, computed on a worker (bounded wait):
     of raw text (`prompt`), or of a `question` asked as the model's QA rows ask it."""
+    model = base_models.get_visible(session, name=name, tenant_id=key.tenant_id)  # 404 before the body's 422
     text, as_question = _text_to_continue(body)
-    model = base_models.get_visible(session, name=name, tenant_id=key.tenant_id)
     stack = stack_refs(registry.effective_stack(session, model), tenant_id=auth.tenant_scope(key))
     session.close()  # hold no connection while waiting for the worker
     completion = _dispatch_generate(
