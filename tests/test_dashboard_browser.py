@@ -3,8 +3,8 @@ e2e service: a real API process and real Celery workers on PostgreSQL and Redis,
 
 Sign in; watch a running request's chart draw points as steps arrive; open the model page, disable an adapter
 and see the stack update (the version trained on top of it flagged); a read-only key sees no rollback buttons
-and the API refuses it anyway; cancel a running request. Screenshots of each page go to the test's tmp dir and
-to `out/screenshots/`.
+and the API refuses it anyway, but it may ask the effective model a question; cancel a running request.
+Screenshots of each page go to the test's tmp dir and to `out/screenshots/`.
 """
 
 from __future__ import annotations
@@ -314,6 +314,15 @@ def run_scenario(browser, site, shots, problems: list[str], pages: list[Any]) ->
     )
     assert refused == "403 insufficient_scope"
     shots(reader, "10-model-read-only")
+    # A read-only key may ask the effective model (base + v1 + v2) a question, as QA rows ask it.
+    question = forget_rows(1)[0]["question"]
+    reader.fill("#ask-question", question)
+    reader.click("#ask-btn")
+    reader.wait_for_selector("#ask-answer:not([hidden])", timeout=90_000)
+    said = reader.inner_text("#ask-stack")
+    assert "+ 2 active version(s)" in said and f"Question: {question}" in said, said
+    assert reader.inner_text("#ask-text").strip() != ""
+    shots(reader, "13-model-ask")
     reader.goto(f"/dashboard/requests/{first}")
     assert reader.locator("#cancel-btn").count() == 0
 

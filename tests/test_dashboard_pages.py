@@ -147,6 +147,11 @@ def test_dashboard_actions_need_the_session_and_its_csrf_token(api_client, ready
     )
     resp = reader.post(path, headers={"X-CSRF-Token": token})
     assert resp.status_code == 403 and "submit" in resp.json()["error"]["message"]  # the key's scopes hold
+    # Asking the model needs only the read scope, and the token like every call; the API's handler answers.
+    ask = f"/dashboard/api/base-models/{ready.base_model}/generate"
+    assert reader.post(ask, json={"question": "Who?"}).json()["error"]["code"] == "csrf"
+    resp = reader.post(ask, headers={"X-CSRF-Token": token}, json={})
+    assert resp.status_code == 422 and resp.json()["error"]["field"] == "prompt", resp.text
 
     admin = signed_in(api_client, ready.tenant.admin)
     token = csrf_of(admin)

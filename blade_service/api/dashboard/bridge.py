@@ -7,6 +7,7 @@ the session's key after checking the scope that route's dependency would, so bot
 
     GET  /dashboard/api/unlearn-requests/{id}             GET  /dashboard/api/unlearn-requests/{id}/events
     POST /dashboard/api/unlearn-requests/{id}/cancel      POST /dashboard/api/adapters/{id}/disable|enable
+    POST /dashboard/api/base-models/{name}/generate
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Depends, Request
 
 from blade_service.api.dashboard import session as dash_session
-from blade_service.api.deps import SessionDep
+from blade_service.api.deps import SessionDep, SettingsDep
 from blade_service.api.routes import adapters as adapter_routes
+from blade_service.api.routes import base_models as base_model_routes
 from blade_service.api.routes import requests as request_routes
-from blade_service.api.schemas import CancelIn, DisableIn, EnableIn
+from blade_service.api.schemas import CancelIn, DisableIn, EnableIn, GenerateIn
 from blade_service.persistence.errors import Forbidden, Unauthorized
 from blade_service.persistence.models import ApiKey, Scope
 
@@ -79,3 +81,11 @@ def disable_adapter(adapter_id: str, body: DisableIn, session: SessionDep, key: 
 def enable_adapter(adapter_id: str, body: EnableIn, session: SessionDep, key: SessionKey) -> Any:
     _needs(key, Scope.ADMIN)
     return adapter_routes.enable_adapter(adapter_id, body, session, key)
+
+
+@router.post("/base-models/{name}/generate")
+def generate_text(
+    name: str, body: GenerateIn, session: SessionDep, settings: SettingsDep, key: SessionKey
+) -> Any:
+    _needs(key, Scope.READ)
+    return base_model_routes.generate_text(name, body, session, settings, key)

@@ -1,5 +1,30 @@
-/* Model page: disable / enable an adapter (admin keys) with a reason and a confirmation, via the JSON API. */
+/* Model page: ask the effective model a question (any key); disable / enable an adapter (admin keys) with a
+   reason and a confirmation; both via the JSON API. */
 "use strict";
+(() => {
+  const form = document.getElementById("ask-form");
+  if (!form) return;
+  const model = decodeURIComponent(location.pathname.split("/").pop());
+  form.addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const question = document.getElementById("ask-question").value.trim();
+    if (!question) return;
+    const button = document.getElementById("ask-btn");
+    button.disabled = true;
+    try {
+      const d = await Blade.api("POST", `/base-models/${encodeURIComponent(model)}/generate`, { question });
+      document.getElementById("ask-stack").textContent =
+        `Answered by the base model${d.stack.length ? ` + ${d.stack.length} active version(s)` : " alone"}, to: ${d.prompt}`;
+      document.getElementById("ask-text").textContent = d.text;
+      document.getElementById("ask-answer").hidden = false;
+    } catch (err) {
+      Blade.toast(err.message, "bad");
+    } finally {
+      button.disabled = false;
+    }
+  });
+})();
+
 (() => {
   const dialog = document.getElementById("state-dialog");
   if (!dialog) return; // read-only key: no buttons, no dialog
