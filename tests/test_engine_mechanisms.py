@@ -329,6 +329,10 @@ def test_collapse_guard_stops_and_reports_failure():
     result = blade.train(tiny_task(cfg), cfg)
     assert result.status == "collapsed" and len(result.history) == 1
     assert "collapsed at step 1" in result.message
+    assert (
+        f"eta_out (it was {cfg.eta_out:g})" in result.message
+        and f"rho (it was {cfg.rho:g})" in result.message
+    )
 
 
 def test_hooks_progress_and_cancellation():

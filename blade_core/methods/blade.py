@@ -396,7 +396,8 @@ def train(task: UnlearnTask, cfg: BladeConfig) -> RunResult:
             status = "collapsed"
             message = (
                 f"collapsed at step {t}: retain loss {final_ret:.3f} > {cfg.collapse_loss} "
-                f"(epsilon {state.epsilon:.3f}); lower eta_out or raise rho."
+                f"(epsilon {state.epsilon:.3f}); lower eta_out (it was {cfg.eta_out:g}) or raise rho "
+                f"(it was {cfg.rho:g})."
             )
             break
         if hooks.checkpoint_dir is not None and t % cfg.checkpoint_every == 0 and t < cfg.max_steps:
