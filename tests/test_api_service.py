@@ -79,9 +79,13 @@ def test_generate_waits_a_bounded_time_for_a_worker(api_client, ready, service_r
         f"/base-models/{ready.base_model}/generate", headers=h, json={"prompt": "Who?", "max_new_tokens": 0}
     )
     assert resp.status_code == 422 and resp.json()["error"]["field"] == "max_new_tokens"
-    # A question instead of raw text passes validation and goes to a worker as well (then 504 here).
-    resp = api_client.post(f"/base-models/{ready.base_model}/generate", headers=h, json={"question": "Who?"})
-    assert resp.status_code == 504 and resp.json()["error"]["code"] == "generate_timeout"
+    # A question instead of raw text passes validation and goes to a worker as well (then 504 here); so does
+    # each example the API document offers (Swagger UI's "Try it out" starts from them).
+    from blade_service.api.routes.base_models import GENERATE_EXAMPLES
+
+    for body in [{"question": "Who?"}, *(e["value"] for e in GENERATE_EXAMPLES.values())]:
+        resp = api_client.post(f"/base-models/{ready.base_model}/generate", headers=h, json=body)
+        assert resp.status_code == 504 and resp.json()["error"]["code"] == "generate_timeout", body
 
 
 @pytest.mark.parametrize("body", [{}, {"prompt": "Who?", "question": "Who?"}], ids=["neither", "both"])

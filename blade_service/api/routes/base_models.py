@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Body
 
 from blade_service.api.adapter_views import AdapterView, stack_refs, stack_views
 from blade_service.api.deps import AdminKey, ReadKey, SessionDep, SettingsDep, StorageDep
@@ -92,9 +94,26 @@ def list_adapters(
     )
 
 
+# Swagger UI's "Try it out" starts from the first; a body built from the schema alone would fill both fields.
+GENERATE_EXAMPLES = {
+    "question": {
+        "summary": "a question, asked the way QA rows are",
+        "value": {"question": "Where was Teimo Aniavmont born?"},
+    },
+    "prompt": {
+        "summary": "raw text to continue",
+        "value": {"prompt": "Teimo Aniavmont was born in", "max_new_tokens": 16},
+    },
+}
+
+
 @router.post("/{name}/generate", response_model=GenerateOut, responses=error_responses(502, 504))
 def generate_text(
-    name: str, body: GenerateIn, session: SessionDep, settings: SettingsDep, key: ReadKey
+    name: str,
+    body: Annotated[GenerateIn, Body(openapi_examples=GENERATE_EXAMPLES)],
+    session: SessionDep,
+    settings: SettingsDep,
+    key: ReadKey,
 ) -> GenerateOut:
     """Greedy completion by the base model plus its active adapters, computed on a worker (bounded wait):
     of raw text (`prompt`), or of a `question` asked as the model's QA rows ask it."""
