@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import sys
 import time
 import typing
 from collections.abc import Mapping, Sequence
@@ -108,18 +109,28 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+# Off a terminal (a log, a pipe) progress is a line every this many steps instead of a redrawn bar.
+PROGRESS_LINE_EVERY = 25
+
+
 def _progress_hooks(hooks: Hooks, total: int) -> tuple[Hooks, Any]:
-    """Wrap `hooks` so every step also advances a tqdm bar showing step/T, lambda, L_fgt, L_ret."""
-    bar = tqdm(total=total, desc="unlearn", unit="step", dynamic_ncols=True)
+    """Wrap `hooks` so every step also advances a tqdm bar showing step/T, lambda, L_fgt, L_ret: on a
+    terminal; elsewhere the same figures as a line every `PROGRESS_LINE_EVERY` steps."""
+    bar = tqdm(total=total, desc="unlearn", unit="step", dynamic_ncols=True, disable=None)
     user = hooks.on_step
 
     def on_step(record: dict[str, Any]) -> None:
         if record.get("total_steps"):  # a baseline's step count follows from its schedule and the data
             bar.total = record["total_steps"]
-        bar.n = record["step"]
         post = {k: f"{record[k]:.4f}" for k in ("lambda", "L_fgt", "L_ret") if record.get(k) is not None}
-        bar.set_postfix(post, refresh=False)
-        bar.refresh()
+        if bar.disable:
+            if record["step"] % PROGRESS_LINE_EVERY == 0:
+                figures = " ".join(f"{k} {v}" for k, v in post.items())
+                print(f"unlearn: step {record['step']}/{bar.total} {figures}", file=sys.stderr, flush=True)
+        else:
+            bar.n = record["step"]
+            bar.set_postfix(post, refresh=False)
+            bar.refresh()
         if user is not None:
             user(record)
 

@@ -96,6 +96,22 @@ def test_cli_unlearn_writes_adapter_history_and_summary(engine_world, tmp_path, 
     assert "status: max_steps after 3 steps" in text and "epsilon" in text
 
 
+def test_cli_unlearn_off_a_terminal_logs_progress_lines_not_a_bar(engine_world, tmp_path, capsys):
+    """pytest's captured stderr is no terminal, as a log file or a pipe is not."""
+    from blade_core.unlearn import PROGRESS_LINE_EVERY
+
+    steps = PROGRESS_LINE_EVERY + 1
+    args = ["--max-steps", str(steps), "--set", "early_stop=false", "--set", "inner_steps=1"]
+    small = ["--set", "batch_size=2", "--set", "grad_accum=1", "--set", "max_length=64"]
+    paths = ["--model", str(engine_world.model), "--forget", str(engine_world.forget)]
+    paths += ["--retain", str(engine_world.retain), "--out", str(tmp_path / "o")]
+    assert main(["unlearn", *paths, *args, *small]) == 0
+    err = capsys.readouterr().err
+    assert "step/s" not in err  # the bar's rate: no bar was drawn
+    lines = [line for line in err.splitlines() if line.startswith("unlearn: step")]
+    assert len(lines) == 1 and lines[0].startswith(f"unlearn: step {PROGRESS_LINE_EVERY}/{steps} lambda ")
+
+
 @pytest.mark.parametrize(
     ("extra", "pattern"),
     [
