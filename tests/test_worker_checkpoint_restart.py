@@ -1,10 +1,13 @@
-"""A redelivered request whose checkpoint was written under another method config (a deploy changed it while
-the request was paused) starts over under the current config and succeeds: the client's request is still
-valid, so it never fails as `invalid_request`, and nothing of the discarded run stays behind."""
+"""When the worker starts a run over. A redelivered request whose checkpoint was written under another method
+config (a deploy changed it while the request was paused) starts over under the current config and succeeds:
+the client's request is still valid, so it never fails as `invalid_request`, and nothing of the discarded run
+stays behind. A BLADE run that collapses starts over at half its eta_out (`collapse_retries`), unless the
+request chose eta_out."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -104,3 +107,75 @@ def test_a_checkpoint_of_another_config_is_discarded_and_the_run_starts_over(
     storage.get_dir(stored, tmp_path / "stored")
     payload = torch.load(checkpoint_path(tmp_path / "stored"), weights_only=True)
     assert payload["state"]["config"]["tau"] == 0.5
+
+
+def _collapsing_run(worker_settings, request_id, tiny_model_dir, tmp_path, **params) -> RunContext:
+    """A context whose BLADE run collapses at step 1 whatever its learning rate: no retain loss is as low as
+    its `collapse_loss`."""
+    forget, retain = tmp_path / "forget.jsonl", tmp_path / "retain.jsonl"
+    forget.write_bytes(jsonl(forget_rows()))
+    retain.write_bytes(jsonl(retain_rows()))
+    return RunContext(
+        settings=worker_settings,
+        storage=get_storage(worker_settings),
+        owner=OWNER,
+        request_id=request_id,
+        tenant_id="t",
+        base_model_id="b",
+        base_model_name="bm",
+        base_source=str(tiny_model_dir),
+        method="blade",
+        params={"max_steps": 3, "inner_steps": 1, "batch_size": 4, "collapse_loss": 1e-9, **params},
+        status=RequestStatus.RUNNING,
+        attempt=1,
+        forget={},
+        retain={},
+        metrics_before=None,
+        checkpoint_key=None,
+        workdir=tmp_path / "attempt-1",
+    )
+
+
+def test_a_collapsed_run_starts_over_at_half_its_eta_out(
+    worker_settings, claimed_request, tiny_model_dir, tmp_path
+):
+    ctx = _collapsing_run(worker_settings, claimed_request, tiny_model_dir, tmp_path)
+    lease = LeaseKeeper(request_id=claimed_request, owner=OWNER, settings=worker_settings, worker_name="w")
+    out = tmp_path / "out"
+    assert worker_settings.collapse_retries == 1
+    result = train(
+        ctx, lease, str(tiny_model_dir), [], tmp_path / "forget.jsonl", tmp_path / "retain.jsonl", out
+    )
+
+    assert result.status == "collapsed" and "started over 1 time(s)" in result.message
+    retried_with = json.loads((out / "run.json").read_text())["config"]["eta_out"]
+    events = _events(worker_settings, claimed_request)
+    assert [e["step"] for e in events] == [1]  # the first run's step was dropped with it
+    restarted = events[0]["restarted"]
+    assert restarted["eta_out"] == retried_with and "collapsed at step 1" in restarted["collapsed"]
+    assert f"it was {2 * retried_with:g}" in restarted["collapsed"]  # half the one the first run had
+    assert f"it was {retried_with:g}" in result.message
+
+
+@pytest.mark.parametrize("why", ["eta_out set by the request", "collapse_retries 0"])
+def test_a_collapse_is_final_when_the_request_chose_eta_out_or_retries_are_off(
+    worker_settings, claimed_request, tiny_model_dir, tmp_path, why
+):
+    params = {"eta_out": 1e-4} if why.startswith("eta_out") else {}
+    settings = worker_settings if params else worker_settings.model_copy(update={"collapse_retries": 0})
+    ctx = dataclasses.replace(
+        _collapsing_run(worker_settings, claimed_request, tiny_model_dir, tmp_path, **params),
+        settings=settings,
+    )
+    lease = LeaseKeeper(request_id=claimed_request, owner=OWNER, settings=settings, worker_name="w")
+    result = train(
+        ctx,
+        lease,
+        str(tiny_model_dir),
+        [],
+        tmp_path / "forget.jsonl",
+        tmp_path / "retain.jsonl",
+        tmp_path / "o",
+    )
+    assert result.status == "collapsed" and "started over" not in result.message
+    assert "restarted" not in _events(worker_settings, claimed_request)[0]

@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     lease_seconds: int = 60  # a running request's lease; the heartbeat renews it
     heartbeat_seconds: int = 10
     checkpoint_every: int = 25
+    # A BLADE run that collapses (its retain loss past collapse_loss) starts over at half its eta_out, up to
+    # this many times, unless the request set eta_out itself (worker/training.py).
+    collapse_retries: int = Field(default=1, ge=0, le=5)
     # New tokens per greedy generation when the worker measures a request's ROUGE (before/after metrics, the
     # policy gate's canary, earlier forget sets): OpenUnlearning's 200 (its configs/generation/default.yaml).
     eval_max_new_tokens: int = Field(default=200, ge=1, le=1024)

@@ -5,6 +5,7 @@ publish each step, poll for a cancel and sync checkpoints to storage, and the se
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import shutil
@@ -134,9 +135,22 @@ def train(
             progress=False,
         )
 
+    def start_over(why: dict[str, Any]) -> Any:
+        """Discard the checkpoint and the steps recorded, and run from step 0; `why` goes on the new first
+        step's event as `restarted`."""
+        nonlocal resumed_from
+        shutil.rmtree(ckpt_dir, ignore_errors=True)  # with the LR rule it saved (blade_core/lr_scale.py)
+        with session_scope(settings) as session:
+            jobs.drop_steps_after(session, request_id=ctx.request_id, step=0)
+        with contextlib.suppress(Exception):
+            storage.delete(synced["key"])
+        synced.update(fingerprint=None, key=None)
+        first_record["restarted"], resumed_from = why, 0
+        return run()
+
     try:
         try:
-            return run()
+            result = run()
         except CheckpointMismatch as exc:
             if not resumed_from:
                 raise
@@ -146,17 +160,33 @@ def train(
                 "unlearn.checkpoint_discarded",
                 extra={"request_id": ctx.request_id, "step": resumed_from, "differences": exc.differences},
             )
-            shutil.rmtree(ckpt_dir, ignore_errors=True)  # with the LR rule it saved (blade_core/lr_scale.py)
-            with session_scope(settings) as session:
-                jobs.drop_steps_after(session, request_id=ctx.request_id, step=0)
-            with contextlib.suppress(Exception):
-                storage.delete(synced["key"])
-            synced.update(fingerprint=None, key=None)
-            discarded = {"discarded_checkpoint_step": resumed_from, "because": exc.differences}
-            first_record["restarted"], resumed_from = discarded, 0
-            return run()
+            result = start_over({"discarded_checkpoint_step": resumed_from, "because": exc.differences})
+        retries = settings.collapse_retries if ctx.method == "blade" and "eta_out" not in overrides else 0
+        restarts = 0
+        while result.status == "collapsed" and restarts < retries:
+            ran_with = _config_value(out_dir, "eta_out")
+            if ran_with is None:
+                break
+            overrides["eta_out"], restarts = ran_with / 2, restarts + 1
+            log.warning(
+                "unlearn.collapse_retry",
+                extra={"request_id": ctx.request_id, "reason": result.message, "eta_out": ran_with / 2},
+            )
+            result = start_over({"collapsed": result.message, "eta_out": ran_with / 2})
+        if result.status == "collapsed" and restarts:
+            note = f"; started over {restarts} time(s), each at half the eta_out before"
+            result = dataclasses.replace(result, message=result.message + note)
+        return result
     except ValueError as exc:  # config or data the engine refused (validated up front, so rare)
         raise TaskFailure("invalid_request", str(exc)) from exc
+
+
+def _config_value(adapter_dir: Path, name: str) -> Any:
+    """A config value the engine ran with, from its run.json (learning rates after the LR rule)."""
+    try:
+        return json.loads((adapter_dir / "run.json").read_text())["config"][name]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def run_notes(adapter_dir: Path) -> dict[str, Any]:
