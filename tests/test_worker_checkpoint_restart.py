@@ -52,24 +52,21 @@ def _checkpoint_key(settings, request_id: str) -> str | None:
         return s.get(UnlearnRequest, request_id).checkpoint_key
 
 
-def test_a_checkpoint_of_another_config_is_discarded_and_the_run_starts_over(
-    worker_settings, claimed_request, tiny_model_dir, tmp_path
-):
-    forget, retain = tmp_path / "forget.jsonl", tmp_path / "retain.jsonl"
-    forget.write_bytes(jsonl(forget_rows()))
-    retain.write_bytes(jsonl(retain_rows()))
-    storage = get_storage(worker_settings)
-    first = RunContext(
+def _context(worker_settings, request_id, tiny_model_dir, tmp_path, params) -> RunContext:
+    """A first attempt at `request_id` with `params`, its forget and retain files written under tmp_path."""
+    (tmp_path / "forget.jsonl").write_bytes(jsonl(forget_rows()))
+    (tmp_path / "retain.jsonl").write_bytes(jsonl(retain_rows()))
+    return RunContext(
         settings=worker_settings,
-        storage=storage,
+        storage=get_storage(worker_settings),
         owner=OWNER,
-        request_id=claimed_request,
+        request_id=request_id,
         tenant_id="t",
         base_model_id="b",
         base_model_name="bm",
         base_source=str(tiny_model_dir),
         method="blade",
-        params={"max_steps": 4, "checkpoint_every": 2, "tau": 0.7},
+        params=params,
         status=RequestStatus.RUNNING,
         attempt=1,
         forget={},
@@ -78,6 +75,14 @@ def test_a_checkpoint_of_another_config_is_discarded_and_the_run_starts_over(
         checkpoint_key=None,
         workdir=tmp_path / "attempt-1",
     )
+
+
+def test_a_checkpoint_of_another_config_is_discarded_and_the_run_starts_over(
+    worker_settings, claimed_request, tiny_model_dir, tmp_path
+):
+    params = {"max_steps": 4, "checkpoint_every": 2, "tau": 0.7}
+    first = _context(worker_settings, claimed_request, tiny_model_dir, tmp_path, params)
+    forget, retain, storage = tmp_path / "forget.jsonl", tmp_path / "retain.jsonl", first.storage
     lease = LeaseKeeper(request_id=claimed_request, owner=OWNER, settings=worker_settings, worker_name="w")
     train(first, lease, str(tiny_model_dir), [], forget, retain, tmp_path / "out-1")
     stale = _checkpoint_key(worker_settings, claimed_request)
@@ -112,28 +117,8 @@ def test_a_checkpoint_of_another_config_is_discarded_and_the_run_starts_over(
 def _collapsing_run(worker_settings, request_id, tiny_model_dir, tmp_path, **params) -> RunContext:
     """A context whose BLADE run collapses at step 1 whatever its learning rate: no retain loss is as low as
     its `collapse_loss`."""
-    forget, retain = tmp_path / "forget.jsonl", tmp_path / "retain.jsonl"
-    forget.write_bytes(jsonl(forget_rows()))
-    retain.write_bytes(jsonl(retain_rows()))
-    return RunContext(
-        settings=worker_settings,
-        storage=get_storage(worker_settings),
-        owner=OWNER,
-        request_id=request_id,
-        tenant_id="t",
-        base_model_id="b",
-        base_model_name="bm",
-        base_source=str(tiny_model_dir),
-        method="blade",
-        params={"max_steps": 3, "inner_steps": 1, "batch_size": 4, "collapse_loss": 1e-9, **params},
-        status=RequestStatus.RUNNING,
-        attempt=1,
-        forget={},
-        retain={},
-        metrics_before=None,
-        checkpoint_key=None,
-        workdir=tmp_path / "attempt-1",
-    )
+    params = {"max_steps": 3, "inner_steps": 1, "batch_size": 4, "collapse_loss": 1e-9, **params}
+    return _context(worker_settings, request_id, tiny_model_dir, tmp_path, params)
 
 
 def test_a_collapsed_run_starts_over_at_half_its_eta_out(
