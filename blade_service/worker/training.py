@@ -48,7 +48,8 @@ def train(
     retain_path: Path,
     out_dir: Path,
 ) -> Any:
-    """run_unlearning with hooks that publish each step, poll for a cancel and sync checkpoints to storage."""
+    """run_unlearning with hooks that publish each step, poll for a cancel and sync checkpoints to storage;
+    a collapsed BLADE run starts over at half its eta_out, `settings.collapse_retries` times at most."""
     from blade_core.checkpoint import CheckpointMismatch
     from blade_core.methods.base import Hooks
     from blade_core.unlearn import run_unlearning
