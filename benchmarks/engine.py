@@ -86,7 +86,7 @@ class Meter:
 # ------------------------------------------------------------------------------------------------ workloads
 
 
-def _model_and_data(args: argparse.Namespace, device: torch.device):
+def _model_and_data(args: argparse.Namespace, device: torch.device, *, compiled: bool = True):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from blade_core.modeling import enable_activation_checkpointing
@@ -106,8 +106,8 @@ def _model_and_data(args: argparse.Namespace, device: torch.device):
     model = LlamaForCausalLM(config).to(device=device, dtype=dtype)
     if device.type == "cuda" and not args.no_checkpointing:
         enable_activation_checkpointing(model)
-    if args.compile:  # lazily, at the first forward: after BLADE's LoRA is attached; the warm-up step pays
-        _compile_layers(model.model.layers, args.compile)
+    if args.compile and compiled:  # lazily, at the first forward (after BLADE's LoRA is attached)
+        _compile_layers(model.model.layers, args.compile)  # the warm-up step pays for it
     n_rows = args.batch * 8
     ids = torch.randint(3, args.vocab, (n_rows, args.seq))
     rows = [ids[i].tolist() for i in range(n_rows)]
@@ -248,6 +248,15 @@ def _outer_config(args: argparse.Namespace) -> BladeConfig:
     return BladeConfig(batch_size=args.batch, max_length=args.seq, tau=1.0)
 
 
+def _batch(
+    rows: list[list[int]], labels: list[list[int]], first: int, n: int, length: int, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """Rows first..first+n, cut to `length` tokens, as a collated batch (no padding: the rows are full)."""
+    ids = torch.tensor([r[:length] for r in rows[first : first + n]], device=device)
+    lab = torch.tensor([r[:length] for r in labels[first : first + n]], device=device)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": lab}
+
+
 def _outer_work(args: argparse.Namespace, device: torch.device, *, one_pass: bool) -> dict[str, Any]:
     """The gradient of BLADE's outer objective's two losses, L_fgt on `batch` forget rows of `seq` tokens and
     L_ret on `batch` retain rows of `retain_seq` tokens: two forward/backward passes or one over both batches
@@ -263,12 +272,7 @@ def _outer_work(args: argparse.Namespace, device: torch.device, *, one_pass: boo
     params = lora.trainable_parameters(model)
     b, t_f, t_r = args.batch, args.seq, args.retain_seq or args.seq
 
-    def batch(first: int, length: int) -> dict[str, torch.Tensor]:
-        ids = torch.tensor([r[:length] for r in rows[first : first + b]], device=device)
-        lab = torch.tensor([r[:length] for r in labels[first : first + b]], device=device)
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": lab}
-
-    forget, retain = batch(0, t_f), batch(b, t_r)
+    forget, retain = _batch(rows, labels, 0, b, t_f, device), _batch(rows, labels, b, b, t_r, device)
     total = {"loss": 0.0}
 
     def step() -> None:
@@ -298,20 +302,14 @@ def work_compile_check(args: argparse.Namespace, device: torch.device) -> dict[s
     from blade_core import lora
     from blade_core.methods import blade
 
-    model, rows, labels = _model_and_data(argparse.Namespace(**{**vars(args), "compile": None}), device)
+    model, rows, labels = _model_and_data(args, device, compiled=False)  # compiled below, after eager
     cfg = _outer_config(args)
     layers = model.model.layers
     model = lora.attach_adapter(model, cfg)
     model.train()
     params = lora.trainable_parameters(model)
-    b = args.batch
-
-    def batch(first: int) -> dict[str, torch.Tensor]:
-        ids = torch.tensor(rows[first : first + b], device=device)
-        lab = torch.tensor(labels[first : first + b], device=device)
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": lab}
-
-    forget, retain = batch(0), batch(b)
+    b, t = args.batch, args.seq
+    forget, retain = _batch(rows, labels, 0, b, t, device), _batch(rows, labels, b, b, t, device)
 
     def losses_and_grads() -> tuple[list[float], list[torch.Tensor]]:
         torch.compiler.cudagraph_mark_step_begin()  # a new iteration: earlier graph outputs may be reused

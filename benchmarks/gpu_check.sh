@@ -25,8 +25,8 @@
 # run may take. ENGINE=0 skips step 1 (on the H200 two shapes took 50 s, so its four about 100 s; the bench
 # needs 8-9 minutes to finish); COMPILE=1 adds to it 16 x 1 without checkpointing, eager and under
 # torch.compile's reduce-overhead mode, the compiled call also checking BLADE's outer losses and gradients
-# against eager (`compile_check`: one more compilation; up to 330 s more in all). REQUEST=0 skips step 2, which then needs no DEMO,
-# and leaves the GPU to the bench.
+# against eager (`compile_check`: one more compilation; up to 330 s more in all). REQUEST=0 skips step 2,
+# which then needs no DEMO, and leaves the GPU to the bench.
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for the results}
 PY=${PY:-python3}

@@ -16,8 +16,6 @@ class ParamError(ContractError):
     `BladeConfig.tau: must be float in (0, 1], got 1.5`; the API shows `params.tau: <message>` instead.
     `others`: the further parameters at fault in the same params (ParamErrors); `str()` names them too."""
 
-    MAX_REPORTED = MAX_FAULTS_NAMED
-
     def __init__(
         self,
         field: str,
@@ -30,15 +28,15 @@ class ParamError(ContractError):
         self.message = message
         self.owner = owner
         self.others = others
-        self.unreported = unreported  # faults found beyond MAX_REPORTED, counted only
+        self.unreported = unreported  # faults found beyond MAX_FAULTS_NAMED, counted only
         super().__init__(self.describe())
 
     @classmethod
     def of(cls, faults: list[ParamError]) -> ParamError:
-        """One error for several faults (at least one): the first, carrying the next ones up to MAX_REPORTED
-        in all and the count of the rest."""
+        """One error for several faults (at least one): the first, carrying the next ones up to
+        MAX_FAULTS_NAMED in all and the count of the rest."""
         first, *rest = faults
-        kept = rest[: cls.MAX_REPORTED - 1]
+        kept = rest[: MAX_FAULTS_NAMED - 1]
         return cls(first.field, first.message, first.owner, tuple(kept), len(rest) - len(kept))
 
     def all(self) -> list[ParamError]:
