@@ -227,3 +227,145 @@ def test_non_finite_numbers_in_a_json_body_are_422_naming_the_field(api_client, 
     error = _error(_raw_json(api_client, "POST", "/unlearn-requests", ready.tenant.admin, body))
     assert error["field"] == "metadata.note" and "finite" in error["message"], error
     assert row_counts(db_engine) == before
+
+
+HUGE = 10**400  # a valid JSON number that float() cannot hold (OverflowError)
+
+
+def test_integers_beyond_a_float_are_422_naming_the_field(api_client, ready, db_engine):
+    key = ready.tenant.admin
+    cases = [
+        ("POST", "/unlearn-requests", ready.body(params={"max_steps": HUGE}), "params.max_steps"),
+        ("POST", "/unlearn-requests", ready.body(params={"tau": -HUGE}), "params.tau"),
+        (
+            "POST",
+            "/base-models",
+            {"name": "bm-huge", "source": "/m", "policy": {"max_forget_prob": HUGE}},
+            "policy.max_forget_prob",
+        ),
+        (
+            "PUT",
+            f"/base-models/{ready.base_model}/policy",
+            {"reason": "r", "policy": {"min_retain_prob_ratio": HUGE}},
+            "policy.min_retain_prob_ratio",
+        ),
+    ]
+    before = row_counts(db_engine)
+    for method, path, body, field in cases:
+        error = _error(api_client.request(method, path, headers=headers(key), json=body))
+        assert error["field"] == field and len(error["message"]) < 500, (path, error)
+    assert row_counts(db_engine) == before
+
+
+@pytest.mark.parametrize("content_type", ["application/JSON", "Application/Json; charset=UTF-8", None])
+def test_the_body_check_reads_every_body_fastapi_reads_as_json(api_client, ready, content_type, db_engine):
+    """FastAPI parses `application/JSON` (any case) and a body without Content-Type as JSON, so the check
+    must too: fields typed plain `str` or `dict` would otherwise reach the database with a lone surrogate."""
+    cases = [
+        (
+            "POST",
+            "/base-models",
+            {"name": "bm-s", "source": "/m", "canary_dataset": SURROGATE},
+            "canary_dataset",
+        ),
+        (
+            "PUT",
+            f"/base-models/{ready.base_model}/policy",
+            {"reason": "r", "canary_dataset": SURROGATE},
+            "canary_dataset",
+        ),
+        (
+            "PUT",
+            f"/base-models/{ready.base_model}/policy",
+            {"reason": "r", "policy": {SURROGATE: 1}},
+            "policy",
+        ),
+    ]
+    extra = {"Content-Type": content_type} if content_type else {}
+    before = row_counts(db_engine)
+    for method, path, body, field in cases:
+        request = api_client.build_request(
+            method, path, content=json.dumps(body).encode(), headers=headers(ready.tenant.admin, **extra)
+        )
+        assert request.headers.get("Content-Type") == content_type
+        resp = api_client.send(request)
+        assert resp.status_code < 500, (content_type, path, resp.status_code, resp.text)
+        if resp.status_code == 422:  # FastAPI (strict) may refuse an untyped body before reading it
+            assert resp.json()["error"]["field"].startswith(field), (path, resp.text)
+    assert row_counts(db_engine) == before
+
+
+def test_an_error_quoting_a_lone_surrogate_is_sent_escaped(api_client, ready):
+    """A 422 that quotes the refused input (an unknown policy rule) holds a lone surrogate: the error
+    body is ASCII JSON with the escape, not a 500 from encoding it."""
+    from blade_service.persistence import policy
+    from blade_service.persistence.errors import Invalid
+
+    with pytest.raises(Invalid) as caught:
+        policy.parse({SURROGATE: 1})
+    from blade_service.api.main import error_response
+
+    response = error_response(422, "invalid", caught.value.message, caught.value.field)
+    assert json.loads(response.body)["error"]["message"] == caught.value.message
+    assert response.body.isascii()
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        ["2026-01-01T00:00:00", "x"],  # no time zone
+        ["2026-01-01", "x"],  # a date
+        ["0001-01-01T00:00:00+01:00", "x"],  # before year 1 in UTC
+        ["9999-12-31T23:59:59-01:00", "x"],  # after year 9999 in UTC
+    ],
+    ids=["naive", "date", "underflow", "overflow"],
+)
+def test_forged_cursor_times_are_422(api_client, admin_key, values):
+    import base64
+
+    cursor = base64.urlsafe_b64encode(json.dumps(values).encode()).decode().rstrip("=")
+    for path in ("/api-keys", "/webhooks", "/datasets", "/unlearn-requests", "/audit-log", "/base-models"):
+        resp = api_client.get(path, params={"cursor": cursor}, headers=headers(admin_key))
+        assert resp.status_code in (200, 422), (path, values, resp.status_code, resp.text)
+        if resp.status_code == 422:
+            assert resp.json()["error"]["field"] == "cursor"
+
+
+@pytest.mark.parametrize(
+    ("filename", "content", "line"),
+    [
+        (
+            "big.jsonl",
+            b'{"question": "q", "answer": "a"}\n{"question": "q", "answer": "a", "x": '
+            + b"9" * 5000
+            + b"}\n",
+            2,
+        ),
+        (
+            "big.json",
+            b'[\n{"question": "q", "answer": "a"},\n{"question": "q", "answer": "a", "x": '
+            + b"9" * 5000
+            + b"}\n]",
+            3,
+        ),
+    ],
+)
+def test_an_integer_of_thousands_of_digits_in_an_upload_is_422_naming_file_and_line(
+    api_client, tenant, filename, content, line
+):
+    error = _error(_upload(api_client, tenant.admin, filename, content))
+    assert error["code"] == "invalid_dataset", error
+    assert f"{filename}, line {line}:" in error["message"] and "digits" in error["message"], error
+
+
+def test_a_lone_surrogate_in_a_row_is_422_naming_file_line_and_field(api_client, tenant):
+    content = b'{"question": "q", "answer": "a"}\n{"question": "q\\ud800", "answer": "a"}\n'
+    error = _error(_upload(api_client, tenant.admin, "s.jsonl", content))
+    assert "s.jsonl, line 2: field 'question':" in error["message"] and "surrogate" in error["message"]
+
+
+def test_a_name_with_a_trailing_newline_is_refused(api_client, admin_key):
+    error = _error(
+        api_client.post("/base-models", headers=headers(admin_key), json={"name": "bm-nl\n", "source": "/m"})
+    )
+    assert error["field"] == "name", error

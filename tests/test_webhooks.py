@@ -79,6 +79,10 @@ def test_endpoints_are_validated_and_never_loopback_by_default(api_client, tenan
         ({"url": receiver.url}, "url"),
         ({"url": "http://localhost:9/hook"}, "url"),
         ({"url": "http://0.0.0.0:9/hook"}, "url"),
+        ({"url": "http://[::ffff:127.0.0.1]:9/hook"}, "url"),  # IPv4-mapped: connects to 127.0.0.1
+        ({"url": "http://[::1]:9/hook"}, "url"),
+        ({"url": "http://169.254.169.254/latest/meta-data/"}, "url"),  # link-local: cloud metadata
+        ({"url": "http://[::ffff:169.254.169.254]/"}, "url"),
         ({"url": receiver.url, "allow_loopback": True}, "allow_loopback"),
         ({"url": "ftp://hooks.example.com/x"}, "url"),
         ({"url": "https://hooks.example.com/x", "events": ["request.exploded"]}, "events"),

@@ -14,6 +14,7 @@ cover every route, present and future, so no handler needs its own patch:
 
 from __future__ import annotations
 
+import email.message
 import json
 import math
 import types
@@ -115,9 +116,24 @@ async def check_declared_params(request: Request) -> None:  # pure CPU: no threa
                 )
 
 
+def _parsed_as_json(content_type: str) -> bool:
+    """Whether FastAPI reads a body of this Content-Type as JSON (fastapi.routing): `application/json` or
+    `application/*+json` in any letter case, with any parameters, or no Content-Type at all."""
+    if not content_type:
+        return True
+    message = email.message.Message()
+    message["content-type"] = content_type
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (
+        subtype == "json" or subtype.endswith("+json")
+    )
+
+
 async def check_json_body(request: Request) -> None:
     """422 naming the field (`metadata.note`, `scopes.0`) when a JSON body holds an unstorable string."""
-    if request.method in ("GET", "HEAD", "OPTIONS") or "json" not in request.headers.get("content-type", ""):
+    if request.method in ("GET", "HEAD", "OPTIONS") or not _parsed_as_json(
+        request.headers.get("content-type", "")
+    ):
         return
     try:
         body = json.loads(await request.body())

@@ -10,6 +10,7 @@ is at fault) with its 4xx/5xx status. OpenAPI docs at `/docs`.
 from __future__ import annotations
 
 import gc
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -64,6 +65,14 @@ HTTP_CODES = {
 }
 
 
+class ErrorJSON(JSONResponse):
+    """JSON written in ASCII: an error may quote the input it refuses, and a lone surrogate there (a JSON
+    `\\ud800` escape) has no UTF-8 encoding, so it goes out escaped as it came in."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 def error_response(
     status: int, code: str, message: str, field: str | None = None, **extra: Any
 ) -> JSONResponse:
@@ -72,7 +81,7 @@ def error_response(
         error["field"] = field
     error.update(extra)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse({"error": error}, status_code=status, headers=headers)
+    return ErrorJSON({"error": error}, status_code=status, headers=headers)
 
 
 def _field_of(loc: tuple[Any, ...]) -> str:

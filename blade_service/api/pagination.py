@@ -14,7 +14,7 @@ import base64
 import binascii
 import json
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Generic, TypeVar
 
 from fastapi import Query
@@ -58,7 +58,7 @@ def decode_cursor(cursor: str | None, kinds: str) -> list[Any] | None:
         if not isinstance(values, list) or len(values) != len(wanted):
             raise ValueError
         return [_typed(v, kind) for v, kind in zip(values, wanted, strict=True)]
-    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+    except (ValueError, TypeError, OverflowError, binascii.Error, UnicodeDecodeError):
         raise Invalid(
             "cursor: not a cursor of this list; pass `next_cursor` from the previous page unchanged",
             code="invalid_cursor",
@@ -67,8 +67,11 @@ def decode_cursor(cursor: str | None, kinds: str) -> list[Any] | None:
 
 
 def _typed(value: Any, kind: str) -> Any:
-    if kind == "iso":
-        return datetime.fromisoformat(value)
+    if kind == "iso":  # lists compare aware datetimes: a forged naive or out-of-range one must not reach them
+        moment = datetime.fromisoformat(value)
+        if moment.tzinfo is None:
+            raise ValueError
+        return moment.astimezone(UTC)
     if kind == "int":
         if isinstance(value, bool) or not isinstance(value, int) or not INT64_MIN <= value <= INT64_MAX:
             raise ValueError

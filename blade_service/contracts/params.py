@@ -97,6 +97,17 @@ def from_text(info: FieldInfo, value: Any) -> Any:
     return value
 
 
+def finite_number(value: Any) -> bool:
+    """A JSON number a float can hold: not a bool, NaN or an infinity, nor an integer beyond float's range
+    (JSON allows any number of digits, and float() of a 400-digit integer raises OverflowError)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def check_type(name: str, info: FieldInfo, value: Any, owner: str) -> Any:
     """`value` if it has the field's JSON type (ints given as 5.0 become 5, lists of strings stay lists);
     ParamError otherwise. Bounds are the model's to check."""
@@ -130,7 +141,7 @@ def check_type(name: str, info: FieldInfo, value: Any, owner: str) -> Any:
         return list(value)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise bad()
-    if not math.isfinite(value):
+    if not finite_number(value):
         raise bad("a finite number")
     if kind == "int":
         if isinstance(value, float) and not value.is_integer():

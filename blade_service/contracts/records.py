@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,6 +122,8 @@ def read_records(path: str | Path, *, raw: bytes | None = None) -> tuple[list[Ro
             raise DatasetError(path, f"invalid JSON ({exc.msg}, column {exc.colno})", line=number) from None
         except RecursionError:
             raise _too_deep(path, line_text, number) from None
+        except ValueError:  # json's only other refusal: an integer beyond int()'s digit limit
+            raise _too_long_integer(path, number) from None
         if isinstance(item, list):
             layout = "json-lines-of-arrays"
             rows.extend(Row(_as_object(path, sub, number), number) for sub in item)
@@ -139,7 +142,12 @@ def _array_rows(path: Path, text: str) -> list[Row]:
     i = _after_space(text, text.index("[") + 1)
     if not text.startswith("]", i):
         while True:
-            item, end = decoder.raw_decode(text, i)  # `[1,]` fails here, as in json.loads
+            try:
+                item, end = decoder.raw_decode(text, i)  # `[1,]` fails here, as in json.loads
+            except json.JSONDecodeError:
+                raise
+            except ValueError:  # json's only other refusal: an integer beyond int()'s digit limit
+                raise _too_long_integer(path, line + text.count("\n", at, i)) from None
             line, at = line + text.count("\n", at, i), i
             rows.append(Row(_as_object(path, item, line), line))
             i = _after_space(text, end)
@@ -185,10 +193,23 @@ def _too_deep(path: Path, text: str, first_line: int) -> DatasetError:
     return DatasetError(path, f"JSON nested too deeply (more than {MAX_NESTING} levels)", line=line)
 
 
+def _too_long_integer(path: Path, line: int | None) -> DatasetError:
+    limit = sys.get_int_max_str_digits()
+    return DatasetError(path, f"a number with more than {limit} digits", line=line)
+
+
 def _as_object(path: Path, item: Any, line: int) -> dict[str, Any]:
     if not isinstance(item, dict):
         raise DatasetError(path, f"expected a JSON object per row, got {type(item).__name__}", line=line)
     return item
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def validate_rows(path: str | Path, rows: Sequence[Row], fields: Sequence[str]) -> None:
@@ -201,19 +222,22 @@ def validate_rows(path: str | Path, rows: Sequence[Row], fields: Sequence[str]) 
         for field in fields:
             value = row.data.get(field)
             if field == "perturbed_answer":
-                ok = (
-                    isinstance(value, list) and value and all(isinstance(v, str) and v.strip() for v in value)
-                )
+                texts = value if isinstance(value, list) and value else [None]
                 expected = "a non-empty list of strings"
             else:
-                ok = isinstance(value, str) and bool(value.strip())
-                expected = "a non-empty string"
-            if not ok:
-                if len(faults) == MAX_FAULTS_NAMED:
-                    unreported += 1
-                    continue
-                problem = "missing" if field not in row.data else f"must be {expected}, got {value!r:.60}"
-                faults.append(DatasetError(path, problem, line=row.line, field=field))
+                texts, expected = [value], "a non-empty string"
+            if field not in row.data:
+                problem = "missing"
+            elif not all(isinstance(t, str) and t.strip() for t in texts):
+                problem = f"must be {expected}, got {value!r:.60}"
+            elif any(not _is_unicode(t) for t in texts):  # the tokenizer refuses what UTF-8 cannot encode
+                problem = "contains a lone surrogate (a \\ud800-\\udfff escape), which is not Unicode text"
+            else:
+                continue
+            if len(faults) == MAX_FAULTS_NAMED:
+                unreported += 1
+                continue
+            faults.append(DatasetError(path, problem, line=row.line, field=field))
     if faults:
         first, *named = faults
         raise DatasetError(path, first.message, first.line, first.field, others=named, unreported=unreported)

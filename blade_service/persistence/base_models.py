@@ -13,7 +13,9 @@ from blade_service.persistence import policy as policy_rules
 from blade_service.persistence.errors import Conflict, Invalid, NotFound
 from blade_service.persistence.models import BaseModel
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+# Checked with fullmatch: a `$` anchor also matches before a final newline, which then reached file names
+# and Content-Disposition headers.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 def register(
@@ -34,7 +36,7 @@ def register(
 
     `policy`: unlearning-policy rules over the defaults (persistence/policy.py); `canary_dataset_id`: the
     dataset the policy gate measures utility on (default: each request's retain sample)."""
-    if not NAME_PATTERN.match(name or ""):
+    if not NAME_PATTERN.fullmatch(name or ""):
         raise Invalid(
             "name: 1-100 characters of letters, digits, '.', '_', '-', starting with a letter or digit",
             field="name",

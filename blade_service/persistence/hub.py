@@ -19,7 +19,7 @@ from blade_service.persistence.errors import Invalid
 log = logging.getLogger("blade.hub")
 
 # A commit sha, tag or branch (git ref rules, simplified): no whitespace, '..', '~^:?*[\' or leading '-'/'/'.
-REVISION = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/+-]{0,254}$")
+REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/+-]{0,254}")  # fullmatch
 LOCAL_PREFIXES = ("/", "./", "../", "~")
 
 
@@ -44,7 +44,7 @@ def parse(source: str, revision: str | None = None) -> HubRef:
     """`org/name` or `org/name@revision`, with `revision` (the request field) pinning it; Invalid naming
     `source` or `revision` when malformed or when the two revisions disagree."""
     repo_id, at, inline = source.strip().partition("@")
-    if not HUB_ID.match(repo_id) or "--" in repo_id or ".." in repo_id:
+    if not HUB_ID.fullmatch(repo_id) or "--" in repo_id or ".." in repo_id:
         raise Invalid(
             f"source: {source!r} is not a local directory, a storage key or a hub id of the form "
             "org/name[@revision] (letters, digits, '-', '_', '.'; at most 96 characters a part)",
@@ -58,7 +58,8 @@ def parse(source: str, revision: str | None = None) -> HubRef:
             f"revision: {pinned!r} disagrees with the revision {inline!r} in source", field="revision"
         )
     pinned = pinned or inline or None
-    if pinned is not None and (not REVISION.match(pinned) or ".." in pinned or pinned.endswith((".", "/"))):
+    malformed = pinned is not None and not REVISION.fullmatch(pinned)
+    if pinned is not None and (malformed or ".." in pinned or pinned.endswith((".", "/"))):
         raise Invalid(f"revision: {pinned!r} is not a commit, tag or branch name", field="revision")
     return HubRef(repo_id, pinned)
 

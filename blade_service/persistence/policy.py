@@ -34,6 +34,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from blade_service.contracts.params import finite_number
 from blade_service.persistence import audit
 from blade_service.persistence.errors import Invalid
 from blade_service.persistence.models import BaseModel, Dataset
@@ -75,11 +76,10 @@ def parse(raw: dict[str, Any] | None) -> dict[str, Any]:
             known = ", ".join(["enabled", *RULES])
             raise Invalid(f"policy.{name}: unknown rule (known: {known})", field=f"policy.{name}")
         if value is not None:
-            bad = isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
             upper = _UPPER[RULES[name][1]]
-            if bad or not 0.0 <= float(value) <= upper:
+            if not finite_number(value) or not 0.0 <= float(value) <= upper:
                 raise Invalid(
-                    f"policy.{name}: must be null or a number in [0, {upper:g}], got {value!r}",
+                    f"policy.{name}: must be null or a number in [0, {upper:g}], got {value!r:.60}",
                     field=f"policy.{name}",
                 )
             value = float(value)

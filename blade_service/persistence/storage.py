@@ -37,7 +37,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from blade_service.persistence.settings import Settings, get_settings
 
 CHUNK = 1024 * 1024
-_KEY_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+@-]*$")
+_KEY_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+@-]*")  # fullmatch
 
 
 class StorageError(Exception):
@@ -66,7 +66,7 @@ def validate_key(key: str) -> str:
     if key.startswith("/") or "\\" in key or "\x00" in key:
         raise InvalidKey(f"invalid storage key {key!r}: must be a relative path with '/' separators")
     for part in key.split("/"):
-        if part in ("", ".", "..") or not _KEY_PART.match(part):
+        if part in ("", ".", "..") or not _KEY_PART.fullmatch(part):
             raise InvalidKey(f"invalid storage key {key!r}: bad component {part!r}")
     return key
 

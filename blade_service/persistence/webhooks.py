@@ -66,8 +66,16 @@ def verify_signature(
 # --- endpoints ----------------------------------------------------------------------------------------------
 
 
-def _loopback_addresses(host: str) -> list[str]:
-    """The loopback or unspecified addresses `host` resolves to (none for a host that does not resolve)."""
+def _internal(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Loopback, unspecified or link-local (169.254.0.0/16 holds cloud metadata services), also written as an
+    IPv4-mapped IPv6 address (`::ffff:127.0.0.1`), which a dual-stack socket connects to as the IPv4 one."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback or address.is_unspecified or address.is_link_local
+
+
+def _internal_addresses(host: str) -> list[str]:
+    """The internal addresses (`_internal`) `host` resolves to (none for a host that does not resolve)."""
     try:
         infos = socket.getaddrinfo(host, None)
     except (OSError, UnicodeError, ValueError):  # unresolvable, or not a host name at all
@@ -75,7 +83,7 @@ def _loopback_addresses(host: str) -> list[str]:
     found = []
     for info in infos:
         address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
-        if address.is_loopback or address.is_unspecified:
+        if _internal(address):
             found.append(str(address))
     return found
 
@@ -91,10 +99,10 @@ def check_url(url: str, *, allow_loopback: bool) -> str:
         raise Invalid("url: must be an absolute http:// or https:// URL", field="url")
     if parts.username or parts.password:
         raise Invalid("url: must not carry credentials", field="url")
-    loopback = _loopback_addresses(hostname)
+    loopback = _internal_addresses(hostname)
     if loopback and not allow_loopback:
         raise Invalid(
-            f"url: {hostname} is a loopback address ({', '.join(sorted(set(loopback)))}); "
+            f"url: {hostname} is a loopback or link-local address ({', '.join(sorted(set(loopback)))}); "
             "webhooks are never sent there unless the endpoint allows it",
             code="loopback_refused",
             field="url",
@@ -195,9 +203,9 @@ def list_deliveries(
 def _post(endpoint: WebhookEndpoint, delivery: WebhookDelivery) -> tuple[int | None, str | None]:
     """(HTTP status, error); the error is None only for a 2xx answer."""
     host = urlsplit(endpoint.url).hostname or ""
-    loopback = _loopback_addresses(host)
+    loopback = _internal_addresses(host)
     if loopback and not endpoint.allow_loopback:
-        return None, f"refused: {host} resolves to loopback {', '.join(sorted(set(loopback)))}"
+        return None, f"refused: {host} resolves to loopback or link-local {', '.join(sorted(set(loopback)))}"
     timestamp = int(time.time())
     headers = {
         "Content-Type": "application/json",
