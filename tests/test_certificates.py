@@ -376,6 +376,33 @@ def test_non_converged_run_is_flagged_in_api_and_certificate(api_client, api_app
     assert 'id="not-converged"' in html.text
 
 
+@pytest.mark.parametrize(
+    "body",
+    [{"method": "npo", "params": {}}, {"params": {"max_steps": 5, "early_stop": False}}],
+    ids=["npo", "no-stop"],
+)
+def test_a_run_without_a_convergence_test_is_not_flagged_when_it_ends_its_schedule(
+    api_client, api_app, ready, body
+):
+    """A baseline (or BLADE with its stop turned off) runs its schedule to its end: `converged` is null
+    there, with a note saying why, and no warning badge or CLI warning."""
+    admin = headers(ready.tenant.admin)
+    request_id = api_client.post("/unlearn-requests", headers=admin, json=ready.body(**body)).json()["id"]
+    run_to_success(api_app, request_id, run_status="max_steps")
+    doc = api_client.get(f"/unlearn-requests/{request_id}", headers=admin).json()
+    assert doc["status"] == "succeeded" and doc["run_status"] == "max_steps" and doc["converged"] is None
+    cert = api_client.get(f"/unlearn-requests/{request_id}/certificate", headers=admin).json()
+    assert cert["convergence"]["converged"] is None
+    assert cert["convergence"]["note"].startswith("No convergence test"), cert["convergence"]
+    html = api_client.get(f"/unlearn-requests/{request_id}/certificate?format=html", headers=admin).text
+    assert 'id="not-converged"' not in html and 'id="no-convergence-test"' in html
+    from tests.test_dashboard_pages import signed_in
+
+    client = signed_in(api_client, ready.tenant.admin)
+    assert "not-converged" not in client.get(f"/dashboard/requests/{request_id}").text
+    api_client.cookies.clear()
+
+
 def test_rotated_key_keeps_old_certificates_verifiable(api_client, api_app, ready):
     first = api_client.post(
         "/unlearn-requests", headers=headers(ready.tenant.admin), json=ready.body()

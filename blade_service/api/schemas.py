@@ -239,7 +239,7 @@ class UnlearnRequestOut(Schema):
             adapter_id=r.adapter_id,
             error=error,
             run_status=r.run_status,
-            converged=converged(r.run_status),
+            converged=converged(r.run_status, method=r.method, params=r.params),
             attempts=r.attempts,
             queue_seq=r.queue_seq,
             queue_position=queue_position,

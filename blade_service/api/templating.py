@@ -10,8 +10,6 @@ from typing import Any
 
 from fastapi.templating import Jinja2Templates
 
-from blade_service.persistence.convergence import converged
-
 TEMPLATES_DIR = Path(__file__).resolve().parent / "dashboard" / "templates"
 templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
 
@@ -86,4 +84,4 @@ def _bytes(value: int | None) -> str:
 
 
 templates.env.filters.update(ago=_ago, dt=_dt, num=_num, bytes=_bytes, short=lambda s, n=12: (s or "")[:n])
-templates.env.globals.update(duration=_duration, converged=converged)
+templates.env.globals.update(duration=_duration)

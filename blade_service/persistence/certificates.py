@@ -409,11 +409,17 @@ def gather(session: Session, request_id: str, *, tenant_id: str | None = None) -
             thresholds["evaluation"] = part["thresholds"]
             break
     convergence = {
-        "converged": converged(request.run_status),
+        "converged": converged(request.run_status, method=request.method, params=request.params),
         "run_status": request.run_status,
         "steps": request.step,
         "step_cap": request.total_steps,
-        "note": convergence_note(request.run_status, steps=request.step, step_cap=request.total_steps),
+        "note": convergence_note(
+            request.run_status,
+            method=request.method,
+            params=request.params,
+            steps=request.step,
+            step_cap=request.total_steps,
+        ),
     }
     head_id, head_hash = audit.head(session)
     chain = audit.verify_chain(session)

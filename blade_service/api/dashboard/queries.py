@@ -14,6 +14,7 @@ from sqlalchemy import func, literal_column, select
 from sqlalchemy.orm import Session
 
 from blade_service.persistence import audit, base_models, policy, registry, requests
+from blade_service.persistence.convergence import converged
 from blade_service.persistence.errors import NotFound
 from blade_service.persistence.models import (
     AdapterVersion,
@@ -50,6 +51,7 @@ def request_summary(r: UnlearnRequest) -> dict[str, Any]:
         "total_steps": total,
         "progress": progress,
         "run_status": r.run_status,
+        "converged": converged(r.run_status, method=r.method, params=r.params),
         "error_code": r.error_code,
         "error_message": r.error_message,
         "attempts": r.attempts,
