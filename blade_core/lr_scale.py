@@ -19,6 +19,9 @@ and the bench alike) therefore resolves every learning rate a run did not set ex
   raised eta_out 1.5-3x, and real-authors ROUGE fell to 0. On the bench's validation world (seed 1000,
   forget05, 30 steps, 4 x 4 batches) HM was 0.00 with it, 0.37 with the published 2e-4, 0.34 with 2e-4 x the
   factor.
+- The baselines' LoRA rate (`lora_lr`, in a run that trains LoRA) on a built model: also times the
+  method's `LORA_LR_ON_BUILT_MODELS`, selected on a validation world. At the factor alone,
+  OpenUnlearning's LoRA setting (r = alpha = 128) collapsed every baseline but RMU.
 - `multiplier` (the bench's validation-world selection; 1 elsewhere) then multiplies every rule-set LR alike.
 
 The resolved values and the factor are recorded in run.json (`lr_rule`) and, through it, in the
@@ -33,11 +36,27 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from blade_service.contracts.methods import CONFIGS
+
 ADAM_LR_FIELDS: tuple[str, ...] = ("lr", "lora_lr", "eta_out")  # baselines: lr, lora_lr; BLADE: eta_out
 SGD_LR_FIELDS: tuple[str, ...] = ("eta_in",)  # BLADE's inner plain-SGD step
 LR_FIELDS: tuple[str, ...] = ADAM_LR_FIELDS + SGD_LR_FIELDS
 TOFU_FINETUNE_LR = 1e-5  # TOFU's target fine-tuning LR (Maini et al. 2024; OpenUnlearning finetune.yaml)
 RULE_FILE = "lr_rule.json"  # in the checkpoint dir: what a resumed run reuses
+
+# Each baseline's best multiple of the factor-scaled `lora_lr` in the service's LoRA setting (LORA_PRESET:
+# r = alpha = 128, 5 epochs at 4 x 4 rows): mean HM over seeds 42, 123 and 456 on the quick bench's
+# validation world (seed 1000, forget05; never reported), grid x1/128 ... x1 in steps of 2. At x1/2 and x1
+# every method but RMU scored HM 0. docs/results.md, "The baselines' LoRA setting on a built model".
+LORA_LR_ON_BUILT_MODELS: dict[str, float] = {
+    "grad_ascent": 1 / 64,
+    "grad_diff": 1 / 64,
+    "npo": 1 / 64,
+    "simnpo": 1 / 8,
+    "rmu": 1 / 2,
+    "pdu": 1 / 8,
+    "blur_npo": 1 / 64,
+}
 
 
 def auto_lr_scale(model: str | Path) -> float:
@@ -56,20 +75,33 @@ def resolve_learning_rates(
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """(the rule's value of each LR field of `config` not set explicitly, the record for run.json)."""
     explicit = set(explicit)
+    lora = _lora_multiplier(config) if factor != 1.0 else None
     values: dict[str, float] = {}
     for f in dataclasses.fields(config):
         if f.name in explicit or f.name not in LR_FIELDS:
             continue
         scale = factor if f.name in ADAM_LR_FIELDS else 1.0  # SGD fields: the published value
+        if f.name == "lora_lr" and lora is not None:
+            scale *= lora
         values[f.name] = getattr(config, f.name) * scale * multiplier
-    record = {
+    record: dict[str, Any] = {
         "factor": factor,
         "multiplier": multiplier,
         "sgd_rule": "published",
         "learning_rates": dict(values),
         "explicit": sorted(explicit & set(LR_FIELDS)),
     }
+    if lora is not None and "lora_lr" in values:  # only then: every other run's record stays as it was
+        record["lora_lr_on_built_model"] = lora
     return values, record
+
+
+def _lora_multiplier(config: Any) -> float | None:
+    """`LORA_LR_ON_BUILT_MODELS` of the config's method when the run trains LoRA at `lora_lr`."""
+    if not getattr(config, "use_lora", False) or not hasattr(config, "lora_lr"):
+        return None
+    name = next((n for n, c in CONFIGS.items() if type(config) is c), None)
+    return LORA_LR_ON_BUILT_MODELS.get(name) if name else None
 
 
 def apply_lr_rule(

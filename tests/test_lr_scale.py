@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -52,6 +53,45 @@ def test_eta_in_keeps_the_published_value_explicit_values_win_and_the_multiplier
 
     values, _ = resolve_learning_rates(BladeConfig(), factor=1.0)  # a model we did not build
     assert values == pytest.approx({"eta_out": BladeConfig.eta_out, "eta_in": BladeConfig.eta_in})
+
+
+def test_a_baselines_lora_rate_on_a_built_model_takes_its_methods_validated_multiple():
+    from blade_core.lr_scale import LORA_LR_ON_BUILT_MODELS
+    from blade_core.methods.simnpo import SimNPOConfig
+
+    lora = dataclasses.replace(GradDiffConfig(), use_lora=True)
+    values, record = resolve_learning_rates(lora, factor=400.0)
+    assert values["lora_lr"] == pytest.approx(
+        GradDiffConfig().lora_lr * 400 * LORA_LR_ON_BUILT_MODELS["grad_diff"]
+    )
+    assert values["lr"] == pytest.approx(GradDiffConfig().lr * 400)  # the full-parameter rate is unchanged
+    assert record["lora_lr_on_built_model"] == LORA_LR_ON_BUILT_MODELS["grad_diff"]
+    values, _ = resolve_learning_rates(
+        dataclasses.replace(SimNPOConfig(), use_lora=True), factor=400.0, multiplier=2
+    )
+    assert values["lora_lr"] == pytest.approx(
+        SimNPOConfig().lora_lr * 400 * LORA_LR_ON_BUILT_MODELS["simnpo"] * 2
+    )
+    # a full-parameter run, a model we did not build, an explicit rate: as before, and nothing recorded
+    for config, factor, explicit in (
+        (GradDiffConfig(), 400.0, ()),
+        (lora, 1.0, ()),
+        (lora, 400.0, ("lora_lr",)),
+    ):
+        values, record = resolve_learning_rates(config, factor=factor, explicit=explicit)
+        assert values.get("lora_lr", GradDiffConfig().lora_lr * factor) == pytest.approx(
+            GradDiffConfig().lora_lr * factor
+        )
+        assert "lora_lr_on_built_model" not in record
+    assert set(LORA_LR_ON_BUILT_MODELS) == {
+        "grad_ascent",
+        "grad_diff",
+        "npo",
+        "simnpo",
+        "rmu",
+        "pdu",
+        "blur_npo",
+    }
 
 
 def test_a_saved_rule_is_reused_by_a_resumed_run(tmp_path):
