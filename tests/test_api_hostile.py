@@ -232,18 +232,20 @@ def test_non_finite_numbers_in_a_json_body_are_422_naming_the_field(api_client, 
 HUGE = 10**400  # a valid JSON number that float() cannot hold (OverflowError)
 
 
-def test_integers_beyond_a_float_are_422_naming_the_field(api_client, ready, db_engine):
-    key = ready.tenant.admin
+def test_integers_beyond_a_float_are_422_naming_the_field(api_client, ready, admin_key, db_engine):
+    tenant, operator = ready.tenant.admin, admin_key  # a model directory is the operator's to register
     cases = [
-        ("POST", "/unlearn-requests", ready.body(params={"max_steps": HUGE}), "params.max_steps"),
-        ("POST", "/unlearn-requests", ready.body(params={"tau": -HUGE}), "params.tau"),
+        (tenant, "POST", "/unlearn-requests", ready.body(params={"max_steps": HUGE}), "params.max_steps"),
+        (tenant, "POST", "/unlearn-requests", ready.body(params={"tau": -HUGE}), "params.tau"),
         (
+            operator,
             "POST",
             "/base-models",
             {"name": "bm-huge", "source": "/m", "policy": {"max_forget_prob": HUGE}},
             "policy.max_forget_prob",
         ),
         (
+            tenant,
             "PUT",
             f"/base-models/{ready.base_model}/policy",
             {"reason": "r", "policy": {"min_retain_prob_ratio": HUGE}},
@@ -251,7 +253,7 @@ def test_integers_beyond_a_float_are_422_naming_the_field(api_client, ready, db_
         ),
     ]
     before = row_counts(db_engine)
-    for method, path, body, field in cases:
+    for key, method, path, body, field in cases:
         error = _error(api_client.request(method, path, headers=headers(key), json=body))
         assert error["field"] == field and len(error["message"]) < 500, (path, error)
     assert row_counts(db_engine) == before

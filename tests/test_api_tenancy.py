@@ -111,16 +111,67 @@ def test_the_operator_sees_every_tenants_audit_entries(api_client, ready, admin_
         assert [e["action"] for e in seen] == ["unlearn_request.create"]
 
 
-def test_shared_base_models_are_visible_to_everyone(api_client, tenant, make_key):
+def test_shared_base_models_are_visible_to_everyone(api_client, tenant, make_key, admin_key):
     name = register_model(api_client, tenant.admin, shared=True)
     other = headers(make_key(f"t-{uuid.uuid4().hex[:8]}", ["read"]))
     got = api_client.get(f"/base-models/{name}", headers=other)
     assert got.status_code == 200 and got.json()["shared"] is True
     again = api_client.post(
-        "/base-models", headers=headers(tenant.admin), json={"name": name, "source": "/y"}
+        "/base-models", headers=headers(admin_key), json={"name": name, "source": "/y", "tenant": tenant.name}
     )
     assert again.status_code == 409 and again.json()["error"]["code"] == "base_model_exists"
-    bad = api_client.post(
-        "/base-models", headers=headers(tenant.admin), json={"name": "../etc", "source": "/y"}
-    )
+    bad = api_client.post("/base-models", headers=headers(admin_key), json={"name": "../etc", "source": "/y"})
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "name"
+
+
+def test_only_the_operator_registers_sources_on_the_workers_or_for_another_tenant(
+    api_client, tenant, admin_key, make_key, tmp_path
+):
+    """A directory on the workers or a storage key names files any tenant could otherwise load (another
+    tenant's model, /etc): a tenant admin registers hub ids only, and the operator registers the rest for
+    it. Nothing is registered by a refused call."""
+    mine = headers(tenant.admin)
+    for source in ("/models/x", "../../etc", str(tmp_path), "~/models"):
+        resp = api_client.post(
+            "/base-models", headers=mine, json={"name": f"bm-{uuid.uuid4().hex[:8]}", "source": source}
+        )
+        assert resp.status_code == 403, (source, resp.text)
+        assert resp.json()["error"] | {"message": ""} == {
+            "code": "source_not_allowed",
+            "field": "source",
+            "message": "",
+        }
+    other = f"t-{uuid.uuid4().hex[:8]}"
+    make_key(other, ["read"])
+    resp = api_client.post(
+        "/base-models", headers=mine, json={"name": "bm-x", "source": "org/model", "tenant": other}
+    )
+    assert resp.status_code == 403 and resp.json()["error"]["field"] == "tenant"
+
+    def own() -> list[str]:  # the tenant's own models (other tests' shared ones are visible too)
+        items = api_client.get("/base-models", headers=mine).json()["items"]
+        return [m["name"] for m in items if not m["shared"]]
+
+    assert own() == []
+
+    name = f"bm-{uuid.uuid4().hex[:8]}"
+    for body, field in (
+        ({"tenant": "no-such-tenant"}, "tenant"),
+        ({"tenant": tenant.name, "shared": True}, "tenant"),
+    ):
+        resp = api_client.post(
+            "/base-models", headers=headers(admin_key), json={"name": name, "source": "/models/x", **body}
+        )
+        assert resp.status_code == 422 and resp.json()["error"]["field"] == field, resp.text
+    resp = api_client.post(
+        "/base-models",
+        headers=headers(admin_key),
+        json={"name": name, "source": "/models/x", "tenant": tenant.name},
+    )
+    assert resp.status_code == 201 and resp.json()["shared"] is False
+    assert own() == [name]
+    assert (
+        api_client.get(f"/base-models/{name}", headers=headers(make_key(other, ["read"]))).status_code == 404
+    )
+    entry = api_client.get(f"/audit-log?subject_id={resp.json()['id']}", headers=mine).json()["items"]
+    assert [e["action"] for e in entry] == ["base_model.register"]  # the tenant sees its model's registration

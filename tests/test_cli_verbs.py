@@ -268,7 +268,7 @@ def test_download_extracts_the_peft_dir(api_client, api_app, ready, blade, tmp_p
     assert status == 0 and json.loads(out)["adapter"]["state"] == "disabled"
 
 
-def test_keys_models_audit_verbs(api_client, tenant, blade):
+def test_keys_models_audit_verbs(api_client, tenant, admin_key, blade):
     status, out, _ = blade(tenant.admin, "keys", "create", "reader", "--scope", "read", "--json")
     created = json.loads(out)
     assert status == 0 and created["key"] and created["scopes"] == ["read"]
@@ -276,8 +276,12 @@ def test_keys_models_audit_verbs(api_client, tenant, blade):
     assert json.loads(out)["id"] == created["id"]
     status, out, _ = blade(tenant.admin, "keys", "list", "--json")
     assert created["id"] in {k["id"] for k in json.loads(out)}
-    status, out, _ = blade(tenant.admin, "base-models", "register", "m-cli", "/models/x", "--json")
-    assert status == 0 and json.loads(out)["name"] == "m-cli"
+    status, _, err = blade(tenant.admin, "base-models", "register", "m-cli", "/models/x")
+    assert status != 0 and "source_not_allowed" in err  # a directory on the workers: the operator's
+    status, out, _ = blade(
+        admin_key, "base-models", "register", "m-cli", "/models/x", "--tenant", tenant.name, "--json"
+    )
+    assert status == 0 and json.loads(out)["name"] == "m-cli" and not json.loads(out)["shared"]
     status, out, _ = blade(tenant.admin, "base-models", "list")
     assert status == 0 and "m-cli" in out
     status, out, _ = blade(tenant.admin, "audit", "--limit", "3", "--json")

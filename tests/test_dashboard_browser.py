@@ -78,13 +78,14 @@ def site(e2e, tiny_model_dir):
         admin, reader = key(["admin"], "ops admin"), key(["read"], "auditor (read-only)")
         auth = {"Authorization": f"Bearer {admin}"}
         model = f"tiny-{uuid.uuid4().hex[:6]}"
-        resp = c.post(
+        resp = c.post(  # a directory on the workers: the operator registers it for the tenant
             "/base-models",
-            headers=auth,
+            headers={"Authorization": f"Bearer {e2e.admin_key}"},
             json={
                 "name": model,
                 "source": str(tiny_model_dir),
                 "description": "tiny Llama for the dashboard test",
+                "tenant": tenant,
             },
         )
         assert resp.status_code == 201, resp.text

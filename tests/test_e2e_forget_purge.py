@@ -80,7 +80,7 @@ def test_forget_data_leaves_no_trace_after_success(e2e, tiny_model_dir, receiver
         req = c.submit(name, forget_ds["id"], retain_ds["id"], params=QUICK)
         done = c.wait(req["id"], timeout=200, interval=0.5)
         assert done["status"] == "succeeded", done
-        assert done["run_status"] == "max_steps" and done["converged"] is False
+        assert done["run_status"] == "max_steps" and done["converged"] is None  # early_stop off: no test
 
         purged = wait_until(
             lambda: c.request("GET", f"/datasets/{forget_ds['id']}")["purged_at"], 60, 0.5, "the purge"

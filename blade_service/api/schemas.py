@@ -68,10 +68,16 @@ class BaseModelIn(StrictIn):
     source: SafeStr = Field(
         min_length=1,
         max_length=1024,
-        description="model dir, storage key or hub id `org/name[@revision]` (checked against the hub)",
+        description="hub id `org/name[@revision]` (checked against the hub); the operator may also name a "
+        "model dir on the workers or a storage key",
     )
     description: SafeStr | None = Field(default=None, max_length=2000)
     shared: bool = Field(default=False, description="visible to every tenant (default: only to yours)")
+    tenant: SafeStr | None = Field(
+        default=None,
+        max_length=100,
+        description="the operator only: register the model for this (existing) tenant instead of your own",
+    )
     policy: dict[str, Any] | None = Field(
         default=None,
         description="unlearning policy rules overriding the defaults (persistence/policy.py), e.g. "

@@ -147,10 +147,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _verb(verbs, "show", run_model_show, "one base model").add_argument("name")
     p = _verb(verbs, "register", run_model_register, "register a base model (admin)")
     p.add_argument("name")
-    p.add_argument("source", help="a model directory, storage key or hub id")
+    p.add_argument("source", help="a hub id; the operator may also name a model directory or storage key")
     p.add_argument("--description", default=None)
     p.add_argument("--revision", default=None, help="pin a hub revision")
     p.add_argument("--shared", action="store_true", help="visible to every tenant")
+    p.add_argument("--tenant", default=None, help="the operator only: register it for this tenant")
     _verb(verbs, "adapters", run_adapters, "the model's adapter stack in order").add_argument("name")
     p = _verb(verbs, "retention", run_model_retention, "show, or with --set change, forget-data retention")
     p.add_argument("name")
@@ -565,7 +566,7 @@ def run_model_show(args: argparse.Namespace) -> int:
 
 
 def run_model_register(args: argparse.Namespace) -> int:
-    extra = {"revision": args.revision} if args.revision else {}
+    extra = {k: v for k, v in (("revision", args.revision), ("tenant", args.tenant)) if v}
     doc = _call(
         args,
         lambda c: c.register_base_model(

@@ -81,6 +81,14 @@ def normalise_scopes(scopes: Iterable[str]) -> list[str]:
     return [s for s in known if s in given]
 
 
+def tenant_named(session: Session, *, name: str) -> Tenant:
+    """The tenant called `name`; Invalid naming `tenant` when there is none."""
+    tenant = session.scalars(select(Tenant).where(Tenant.name == name)).one_or_none()
+    if tenant is None:
+        raise Invalid(f"tenant: no tenant named {name!r}", field="tenant")
+    return tenant
+
+
 def get_or_create_tenant(session: Session, *, name: str) -> Tenant:
     tenant = session.scalars(select(Tenant).where(Tenant.name == name)).one_or_none()
     if tenant is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Body
+from sqlalchemy.orm import Session
 
 from blade_service.api.adapter_views import AdapterView, stack_refs, stack_views
 from blade_service.api.deps import AdminKey, ReadKey, SessionDep, SettingsDep, StorageDep
@@ -13,7 +14,8 @@ from blade_service.api.pagination import Cursor, Limit, Offset, Page, page_after
 from blade_service.api.schemas import BaseModelIn, BaseModelOut, GenerateIn, GenerateOut
 from blade_service.broker import dispatch
 from blade_service.persistence import auth, base_models, hub, registry
-from blade_service.persistence.errors import GatewayTimeout, Invalid, ServiceError, Unavailable
+from blade_service.persistence.errors import Forbidden, GatewayTimeout, Invalid, ServiceError, Unavailable
+from blade_service.persistence.models import ApiKey
 from blade_service.persistence.storage import Storage
 
 router = APIRouter(prefix="/base-models", tags=["base models"])
@@ -26,7 +28,17 @@ def register_base_model(
     """Register a base model for your tenant (or, with `shared`, for every tenant).
 
     A hub-id `source` (`org/name[@revision]`) is checked against the hub: 422 when it denies the model,
-    registered with a warning in `warnings` when it cannot be reached."""
+    registered with a warning in `warnings` when it cannot be reached. A directory on the workers or a
+    storage key is the operator's to register (for a tenant: `tenant`): any file the workers can read
+    would otherwise be any tenant's to load."""
+    owner = _owner(session, key, body)
+    if not auth.is_operator(key) and (hub.is_local_path(body.source) or _stored(storage, body.source)):
+        raise Forbidden(
+            "source: a model directory on the workers or a storage key is registered by the operator "
+            "(for your tenant with `tenant`); register a hub id `org/name[@revision]`",
+            code="source_not_allowed",
+            field="source",
+        )
     revision, warning = hub.check_source(
         body.source,
         body.revision,
@@ -40,10 +52,10 @@ def register_base_model(
         name=body.name,
         source=body.source,
         description=body.description,
-        tenant_id=None if body.shared else key.tenant_id,
+        tenant_id=None if body.shared else owner,
         actor=auth.actor_of(key),
         actor_key_id=key.id,
-        audit_tenant_id=key.tenant_id,
+        audit_tenant_id=owner,
         policy=body.policy,
         canary_dataset_id=body.canary_dataset,
         revision=revision,
@@ -52,6 +64,23 @@ def register_base_model(
     out = BaseModelOut.of(model)
     out.warnings = [warning] if warning else []
     return out
+
+
+def _owner(session: Session, key: ApiKey, body: BaseModelIn) -> str:
+    """The tenant a new base model is registered for: the key's, or the operator's choice (`tenant`)."""
+    if not body.tenant:
+        return key.tenant_id
+    if not auth.is_operator(key):
+        raise Forbidden(
+            "tenant: only the operator registers a base model for another tenant",
+            code="cross_tenant",
+            field="tenant",
+        )
+    if body.shared:
+        raise Invalid(
+            "tenant: a shared model belongs to every tenant; give `shared` or `tenant`", field="tenant"
+        )
+    return auth.tenant_named(session, name=body.tenant).id
 
 
 def _stored(storage: Storage, key: str) -> bool:
