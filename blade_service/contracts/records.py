@@ -230,7 +230,7 @@ def validate_rows(path: str | Path, rows: Sequence[Row], fields: Sequence[str]) 
                 problem = "missing"
             elif not all(isinstance(t, str) and t.strip() for t in texts):
                 problem = f"must be {expected}, got {value!r:.60}"
-            elif any(not _is_unicode(t) for t in texts):  # the tokenizer refuses what UTF-8 cannot encode
+            elif not all(_is_unicode(str(t)) for t in texts):  # the tokenizer refuses what UTF-8 cannot hold
                 problem = "contains a lone surrogate (a \\ud800-\\udfff escape), which is not Unicode text"
             else:
                 continue
