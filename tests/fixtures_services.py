@@ -271,14 +271,16 @@ def upload_dataset(
     return resp.json()
 
 
-def register_model(client, key: str, name: str | None = None, *, shared: bool = False) -> str:
-    """A base model with a local source for `key`'s tenant (or shared), registered by the operator: a
-    directory on the workers is the operator's to register."""
+def register_model(
+    client, key: str, name: str | None = None, *, shared: bool = False, operator: str = ADMIN_SECRET
+) -> str:
+    """A base model with a local source for `key`'s tenant (or shared), registered by the operator's key:
+    a directory on the workers is the operator's to register."""
     name = name or f"bm-{uuid.uuid4().hex[:10]}"
     body: dict[str, Any] = {"name": name, "source": "/models/x", "shared": shared}
     if not shared:
         body["tenant"] = client.get("/me", headers=headers(key)).json()["tenant"]
-    resp = client.post("/base-models", headers=headers(ADMIN_SECRET), json=body)
+    resp = client.post("/base-models", headers=headers(operator), json=body)
     assert resp.status_code == 201, resp.text
     return name
 

@@ -404,7 +404,7 @@ def test_a_refused_certificate_signs_nothing(audit_api, tmp_path):
     client, _, admin = audit_api
     tenant = _tenant_key(client, admin, "delta")
     body = {
-        "base_model": register_model(client, tenant),
+        "base_model": register_model(client, tenant, operator=admin),
         "forget_dataset": upload_dataset(client, tenant, qa_rows(2, "f"))["id"],
         "retain_dataset": upload_dataset(client, tenant, qa_rows(2, "r"))["id"],
     }
