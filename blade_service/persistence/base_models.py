@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import ColumnElement, or_, select
@@ -10,12 +11,46 @@ from sqlalchemy.orm import Session
 
 from blade_service.persistence import audit
 from blade_service.persistence import policy as policy_rules
-from blade_service.persistence.errors import Conflict, Invalid, NotFound
+from blade_service.persistence.auth import tenant_named
+from blade_service.persistence.errors import Conflict, Forbidden, Invalid, NotFound
+from blade_service.persistence.hub import is_local_path
 from blade_service.persistence.models import BaseModel
 
 # Checked with fullmatch: a `$` anchor also matches before a final newline, which then reached file names
 # and Content-Disposition headers.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def owner_for(
+    session: Session, *, key_tenant_id: str, operator: bool, tenant: str | None, shared: bool
+) -> str:
+    """The tenant a new base model is registered for (and its audit entry is filed under): the key's own,
+    or the one the operator names (`tenant`). Forbidden for anyone else; Invalid beside `shared`."""
+    if not tenant:
+        return key_tenant_id
+    if not operator:
+        raise Forbidden(
+            "tenant: only the operator registers a base model for another tenant",
+            code="cross_tenant",
+            field="tenant",
+        )
+    if shared:
+        raise Invalid(
+            "tenant: a shared model belongs to every tenant; give `shared` or `tenant`", field="tenant"
+        )
+    return tenant_named(session, name=tenant).id
+
+
+def check_source_allowed(source: str, *, operator: bool, is_storage_key: Callable[[str], bool]) -> None:
+    """Forbidden unless the operator registers a model directory on the workers or a storage key: any file
+    the workers can read would otherwise be any tenant's to load. A tenant registers hub ids."""
+    if not operator and (is_local_path(source) or is_storage_key(source)):
+        raise Forbidden(
+            "source: a model directory on the workers or a storage key is registered by the operator "
+            "(for your tenant with `tenant`); register a hub id `org/name[@revision]`",
+            code="source_not_allowed",
+            field="source",
+        )
 
 
 def register(

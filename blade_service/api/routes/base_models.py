@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated
 
 from fastapi import APIRouter, Body
-from sqlalchemy.orm import Session
 
 from blade_service.api.adapter_views import AdapterView, stack_refs, stack_views
 from blade_service.api.deps import AdminKey, ReadKey, SessionDep, SettingsDep, StorageDep
@@ -14,8 +14,7 @@ from blade_service.api.pagination import Cursor, Limit, Offset, Page, page_after
 from blade_service.api.schemas import BaseModelIn, BaseModelOut, GenerateIn, GenerateOut
 from blade_service.broker import dispatch
 from blade_service.persistence import auth, base_models, hub, registry
-from blade_service.persistence.errors import Forbidden, GatewayTimeout, Invalid, ServiceError, Unavailable
-from blade_service.persistence.models import ApiKey
+from blade_service.persistence.errors import GatewayTimeout, Invalid, ServiceError, Unavailable
 from blade_service.persistence.storage import Storage
 
 router = APIRouter(prefix="/base-models", tags=["base models"])
@@ -31,18 +30,16 @@ def register_base_model(
     registered with a warning in `warnings` when it cannot be reached. A directory on the workers or a
     storage key is the operator's to register (for a tenant: `tenant`): any file the workers can read
     would otherwise be any tenant's to load."""
-    owner = _owner(session, key, body)
-    if not auth.is_operator(key) and (hub.is_local_path(body.source) or _stored(storage, body.source)):
-        raise Forbidden(
-            "source: a model directory on the workers or a storage key is registered by the operator "
-            "(for your tenant with `tenant`); register a hub id `org/name[@revision]`",
-            code="source_not_allowed",
-            field="source",
-        )
+    operator = auth.is_operator(key)
+    owner = base_models.owner_for(
+        session, key_tenant_id=key.tenant_id, operator=operator, tenant=body.tenant, shared=body.shared
+    )
+    stored = functools.partial(_stored, storage)
+    base_models.check_source_allowed(body.source, operator=operator, is_storage_key=stored)
     revision, warning = hub.check_source(
         body.source,
         body.revision,
-        is_storage_key=lambda k: _stored(storage, k),
+        is_storage_key=stored,
         hub_url=settings.hub_url,
         timeout_s=settings.hub_check_timeout_s,
         token=hub.hub_token(),
@@ -64,23 +61,6 @@ def register_base_model(
     out = BaseModelOut.of(model)
     out.warnings = [warning] if warning else []
     return out
-
-
-def _owner(session: Session, key: ApiKey, body: BaseModelIn) -> str:
-    """The tenant a new base model is registered for: the key's, or the operator's choice (`tenant`)."""
-    if not body.tenant:
-        return key.tenant_id
-    if not auth.is_operator(key):
-        raise Forbidden(
-            "tenant: only the operator registers a base model for another tenant",
-            code="cross_tenant",
-            field="tenant",
-        )
-    if body.shared:
-        raise Invalid(
-            "tenant: a shared model belongs to every tenant; give `shared` or `tenant`", field="tenant"
-        )
-    return auth.tenant_named(session, name=body.tenant).id
 
 
 def _stored(storage: Storage, key: str) -> bool:
