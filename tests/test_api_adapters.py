@@ -144,3 +144,17 @@ def test_on_a_shared_model_only_the_maker_and_the_operator_roll_back(
     for key in (headers(ready.tenant.admin), headers(admin_key)):
         resp = api_client.post(f"/adapters/{adapter_id}/disable", headers=key, json={"reason": "mine"})
         assert resp.status_code == 200
+
+
+def test_the_operator_retrains_any_tenants_version_as_it_disables_and_enables_it(
+    api_client, api_app, ready, tmp_path, admin_key, make_key
+):
+    import uuid
+
+    adapter_id = succeed_with_adapter(api_client, api_app, ready, tmp_path)
+    stranger = headers(make_key(f"t-{uuid.uuid4().hex[:8]}", ["admin"]))
+    body = {"reason": "the operator re-runs it"}
+    assert api_client.post(f"/adapters/{adapter_id}/retrain", headers=stranger, json=body).status_code == 404
+    resp = api_client.post(f"/adapters/{adapter_id}/retrain", headers=headers(admin_key), json=body)
+    assert resp.status_code == 202, resp.text
+    assert resp.json()["status"] == "queued" and resp.json()["base_model"] == ready.base_model

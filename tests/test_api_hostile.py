@@ -371,3 +371,55 @@ def test_a_name_with_a_trailing_newline_is_refused(api_client, admin_key):
         api_client.post("/base-models", headers=headers(admin_key), json={"name": "bm-nl\n", "source": "/m"})
     )
     assert error["field"] == "name", error
+
+
+def test_json_nested_deeper_than_the_limit_is_422_and_nothing_is_stored(api_client, ready, db_engine):
+    """300 levels of `metadata` fit its 16 KB, but could not be serialised back: the request was stored and
+    every later read of it, and of its tenant's request list, was a 500."""
+    from blade_service.api.input_guard import MAX_JSON_DEPTH
+
+    before = row_counts(db_engine)
+    deep = "[" * 300 + "]" * 300
+    body = json.dumps(ready.body(metadata={"x": "__D__"})).replace('"__D__"', deep)
+    error = _error(_raw_json(api_client, "POST", "/unlearn-requests", ready.tenant.admin, body))
+    assert error["field"].startswith("metadata.x") and f"deeper than {MAX_JSON_DEPTH}" in error["message"]
+    assert row_counts(db_engine) == before
+    ok = json.dumps(ready.body(metadata={"x": "__D__"})).replace('"__D__"', "[" * 20 + "]" * 20)
+    assert _raw_json(api_client, "POST", "/unlearn-requests", ready.tenant.admin, ok).status_code == 202
+    assert api_client.get("/unlearn-requests", headers=headers(ready.tenant.admin)).status_code == 200
+
+
+def test_a_json_body_over_its_limit_is_413_and_a_422_names_at_most_twenty_faults(api_client, admin_key):
+    from blade_service.api.main import MAX_DETAILS, MAX_JSON_BODY_BYTES
+
+    huge = json.dumps({f"k{i}": 1 for i in range(MAX_JSON_BODY_BYTES // 8)})
+    assert len(huge) > MAX_JSON_BODY_BYTES
+    resp = _raw_json(api_client, "POST", "/api-keys", admin_key, huge)
+    assert _error(resp, 413)["code"] == "too_large"
+    many = {"name": "k", "scopes": ["read"], **{f"extra{i}": 1 for i in range(100)}}
+    resp = api_client.post("/api-keys", headers=headers(admin_key), json=many)
+    body = resp.json()["error"]
+    assert resp.status_code == 422 and len(body["details"]) == MAX_DETAILS
+    assert body["more_details"] == 100 - MAX_DETAILS, body
+
+
+def test_past_the_bound_on_calls_waiting_for_a_worker_the_next_is_429_at_once(api_client, ready):
+    """No worker answers here: were the bound's slots free, the call would wait `generate_timeout_s`."""
+    from blade_service.api import worker_waits
+
+    held = 0
+    try:
+        while worker_waits._slots.acquire(blocking=False):  # what MAX_WAITING waiting calls hold
+            held += 1
+        assert held == worker_waits.MAX_WAITING
+        for path, kwargs in (
+            (f"/base-models/{ready.base_model}/generate", {"json": {"prompt": "hi"}}),
+            (f"/base-models/{ready.base_model}/export", {}),
+        ):
+            method = "POST" if kwargs else "GET"
+            resp = api_client.request(method, path, headers=headers(ready.tenant.admin), **kwargs)
+            assert resp.status_code == 429 and resp.headers["Retry-After"] == str(worker_waits.RETRY_AFTER_S)
+            assert resp.json()["error"]["code"] == "too_many_waiting", resp.text
+    finally:
+        for _ in range(held):
+            worker_waits._slots.release()

@@ -83,6 +83,11 @@ def test_endpoints_are_validated_and_never_loopback_by_default(api_client, tenan
         ({"url": "http://[::1]:9/hook"}, "url"),
         ({"url": "http://169.254.169.254/latest/meta-data/"}, "url"),  # link-local: cloud metadata
         ({"url": "http://[::ffff:169.254.169.254]/"}, "url"),
+        ({"url": "http://hooks.example.com\n.evil.com/"}, "url"),  # never deliverable: refused up front
+        ({"url": "http://a b/"}, "url"),
+        ({"url": "http://hooks.example.com:99999/"}, "url"),
+        ({"url": "http://hooks.example.com:0/"}, "url"),
+        ({"url": "http://[fe80::1%25eth0]/"}, "url"),
         ({"url": receiver.url, "allow_loopback": True}, "allow_loopback"),
         ({"url": "ftp://hooks.example.com/x"}, "url"),
         ({"url": "https://hooks.example.com/x", "events": ["request.exploded"]}, "events"),

@@ -6,8 +6,8 @@ cover every route, present and future, so no handler needs its own patch:
 
 - `check_declared_params`: every path, query and header parameter the matched route declares (its own or its
   dependencies') is checked for unstorable characters, and integer ones for the int64 range.
-- `check_json_body`: every string of a JSON request body, keys included, at any depth, and every number
-  (Python's json reads `NaN` and `Infinity`, which PostgreSQL's JSON refuses).
+- `check_json_body`: every string of a JSON request body, keys included, at any depth, every number
+  (Python's json reads `NaN` and `Infinity`, which PostgreSQL's JSON refuses), and the nesting depth.
 
 `SafeStr` / `SafeJson` state the same rule on the request schemas, for models built outside a request.
 """
@@ -27,6 +27,9 @@ from pydantic import AfterValidator
 from blade_service.persistence.errors import Invalid
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# No schema of ours nests half as deep; a client's `metadata` stored deeper could not be serialised back
+# (pydantic's limit), so every later read of the request would fail.
+MAX_JSON_DEPTH = 32
 
 
 def unstorable(text: str) -> str | None:
@@ -40,9 +43,12 @@ def unstorable(text: str) -> str | None:
     return None
 
 
-def _walk(value: Any, path: str) -> Iterator[tuple[str, str]]:
-    """(path, problem) for every unstorable string (keys included) or non-finite number in a JSON value."""
-    if isinstance(value, str):
+def _walk(value: Any, path: str, depth: int = 0) -> Iterator[tuple[str, str]]:
+    """(path, problem) for every unstorable string (keys included) or non-finite number in a JSON value, and
+    for nesting deeper than MAX_JSON_DEPTH."""
+    if depth > MAX_JSON_DEPTH:
+        yield path or "body", f"nested deeper than {MAX_JSON_DEPTH} levels"
+    elif isinstance(value, str):
         if problem := unstorable(value):
             yield path, problem
     elif isinstance(value, float) and not math.isfinite(value):
@@ -52,10 +58,10 @@ def _walk(value: Any, path: str) -> Iterator[tuple[str, str]]:
             key_path = f"{path}.{key!s}" if path else str(key)
             if isinstance(key, str) and (problem := unstorable(key)):
                 yield path or "body", f"a key {problem.removeprefix('contains ')}"
-            yield from _walk(item, key_path)
+            yield from _walk(item, key_path, depth + 1)
     elif isinstance(value, list):
         for i, item in enumerate(value):
-            yield from _walk(item, f"{path}.{i}" if path else str(i))
+            yield from _walk(item, f"{path}.{i}" if path else str(i), depth + 1)
 
 
 def _storable_text(value: str) -> str:
@@ -116,7 +122,7 @@ async def check_declared_params(request: Request) -> None:  # pure CPU: no threa
                 )
 
 
-def _parsed_as_json(content_type: str) -> bool:
+def parsed_as_json(content_type: str) -> bool:
     """Whether FastAPI reads a body of this Content-Type as JSON (fastapi.routing): `application/json` or
     `application/*+json` in any letter case, with any parameters, or no Content-Type at all."""
     if not content_type:
@@ -131,7 +137,7 @@ def _parsed_as_json(content_type: str) -> bool:
 
 async def check_json_body(request: Request) -> None:
     """422 naming the field (`metadata.note`, `scopes.0`) when a JSON body holds an unstorable string."""
-    if request.method in ("GET", "HEAD", "OPTIONS") or not _parsed_as_json(
+    if request.method in ("GET", "HEAD", "OPTIONS") or not parsed_as_json(
         request.headers.get("content-type", "")
     ):
         return

@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from blade_service.api.dashboard import install_dashboard
 from blade_service.api.error_responses import install_error_responses
-from blade_service.api.input_guard import check_declared_params, check_json_body
+from blade_service.api.input_guard import check_declared_params, check_json_body, parsed_as_json
 from blade_service.api.observability import install_observability
 from blade_service.api.openapi_docs import install_docs, operation_id
 from blade_service.api.params_docs import install_params_schemas
@@ -42,6 +42,7 @@ from blade_service.api.routes import (
     stacks,
     webhooks,
 )
+from blade_service.api.worker_waits import RETRY_AFTER_S
 from blade_service.persistence import auth, key_revocations
 from blade_service.persistence.db import read_session_factory, session_factory, upgrade_to_head
 from blade_service.persistence.errors import ServiceError
@@ -51,6 +52,8 @@ from blade_service.persistence.storage import InvalidKey, ObjectNotFound, Storag
 log = logging.getLogger("blade.api")
 
 MULTIPART_SLACK = 1024 * 1024  # multipart framing on top of the file itself
+MAX_JSON_BODY_BYTES = 1024 * 1024  # a JSON body; the largest we take is a request's 16 KB of metadata
+MAX_DETAILS = 20  # a 422's `details`, the first of the faults (`more_details` counts the rest)
 HTTP_CODES = {
     400: "bad_request",
     401: "unauthorized",
@@ -81,6 +84,8 @@ def error_response(
         error["field"] = field
     error.update(extra)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if status == 429:
+        headers = {"Retry-After": str(RETRY_AFTER_S)}
     return ErrorJSON({"error": error}, status_code=status, headers=headers)
 
 
@@ -99,13 +104,17 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
         details = []
-        for err in exc.errors():
+        for err in errors[:MAX_DETAILS]:
             field = _field_of(tuple(err.get("loc", ())))
             message = "invalid JSON" if err.get("type") == "json_invalid" else err.get("msg", "invalid")
             details.append({"field": field, "message": f"{field}: {message}"})
         first = details[0] if details else {"field": "body", "message": "body: invalid request"}
-        return error_response(422, "validation_error", first["message"], first["field"], details=details)
+        more = {"more_details": len(errors) - MAX_DETAILS} if len(errors) > MAX_DETAILS else {}
+        return error_response(
+            422, "validation_error", first["message"], first["field"], details=details, **more
+        )
 
     @app.exception_handler(StarletteHTTPException)
     def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -161,17 +170,22 @@ class _TooLarge(StarletteHTTPException):
 
 
 class BodySizeLimit:
-    """Refuse request bodies over `limit` bytes with 413 before reading them whole."""
+    """Refuse request bodies over `limit` bytes with 413 before reading them whole; bodies read as JSON
+    (`input_guard.parsed_as_json`) over `json_limit`: uploads are multipart, and a JSON body of millions of
+    keys would hold the event loop while FastAPI parses it and answer with one error per key."""
 
-    def __init__(self, app: ASGIApp, limit: int):
-        self.app, self.limit = app, limit
+    def __init__(self, app: ASGIApp, limit: int, json_limit: int):
+        self.app, self.upload_limit, self.json_limit = app, limit, json_limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await self._refuse(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        json_body = parsed_as_json(headers.get(b"content-type", b"").decode("latin-1"))
+        limit = self.json_limit if json_body else self.upload_limit
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return await self._refuse(scope, receive, send, limit)
         seen, started = 0, False
 
         async def counting_receive() -> Message:
@@ -179,8 +193,8 @@ class BodySizeLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge(self.limit)
+                if seen > limit:
+                    raise _TooLarge(limit)
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -192,10 +206,10 @@ class BodySizeLimit:
             await self.app(scope, counting_receive, tracking_send)
         except _TooLarge:
             if not started:
-                await self._refuse(scope, receive, send)
+                await self._refuse(scope, receive, send, limit)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = error_response(413, "too_large", f"request body larger than {self.limit} bytes")
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+        response = error_response(413, "too_large", f"request body larger than {limit} bytes")
         await response(scope, receive, send)
 
 
@@ -251,7 +265,9 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True, freeze
     auth.bootstrap_admin_key(app.state.session_factory, settings)
 
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, limit=settings.max_upload_bytes + MULTIPART_SLACK)
+    app.add_middleware(
+        BodySizeLimit, limit=settings.max_upload_bytes + MULTIPART_SLACK, json_limit=MAX_JSON_BODY_BYTES
+    )
     for router in (
         health.router,
         keys.router,

@@ -41,6 +41,10 @@ class TooLarge(ServiceError):
     status, code = 413, "too_large"
 
 
+class TooManyRequests(ServiceError):
+    status, code = 429, "too_many_requests"
+
+
 class Unavailable(ServiceError):
     status, code = 503, "unavailable"
 

@@ -29,8 +29,9 @@ def check_may_change_stack(model: BaseModel, *, tenant_id: str | None, operator:
 def adapter_to_change(
     session: Session, *, adapter_id: str, tenant_id: str | None, operator: bool
 ) -> AdapterVersion:
-    """The adapter (404 when not visible), once this caller may change its base model's stack (else 403)."""
-    adapter = registry.get_adapter(session, adapter_id=adapter_id, tenant_id=tenant_id)
+    """The adapter (404 when not visible: the operator sees every tenant's), once this caller may change its
+    base model's stack (else 403)."""
+    adapter = registry.get_adapter(session, adapter_id=adapter_id, tenant_id=None if operator else tenant_id)
     check_may_change_stack(adapter.base_model, tenant_id=tenant_id, operator=operator)
     return adapter
 

@@ -99,6 +99,14 @@ def check_url(url: str, *, allow_loopback: bool) -> str:
         raise Invalid("url: must be an absolute http:// or https:// URL", field="url")
     if parts.username or parts.password:
         raise Invalid("url: must not carry credentials", field="url")
+    if any(c.isspace() or not c.isprintable() for c in url) or "%" in hostname:
+        raise Invalid("url: must not hold whitespace, control characters or a scoped address", field="url")
+    try:
+        port = parts.port
+    except ValueError:  # out of range or not a number
+        port = 0
+    if port is not None and not 0 < port < 65536:
+        raise Invalid("url: the port must be 1-65535", field="url")
     loopback = _internal_addresses(hostname)
     if loopback and not allow_loopback:
         raise Invalid(

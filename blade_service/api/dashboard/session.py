@@ -116,7 +116,10 @@ def sign_out(session: Session, secret: str) -> None:
 
 
 def csrf_ok(expected: str, given: str | None) -> bool:
-    return bool(expected) and bool(given) and hmac.compare_digest(expected, given or "")
+    """Bytes compared (compare_digest refuses str with non-ASCII characters, which a forged token has)."""
+    if not expected or not given:
+        return False
+    return hmac.compare_digest(expected.encode(), given.encode("utf-8", "surrogateescape"))
 
 
 def cookie_secret(request: Request) -> str:

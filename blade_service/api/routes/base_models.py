@@ -12,6 +12,7 @@ from blade_service.api.deps import AdminKey, ReadKey, SessionDep, SettingsDep, S
 from blade_service.api.error_responses import error_responses
 from blade_service.api.pagination import Cursor, Limit, Offset, Page, page_after
 from blade_service.api.schemas import BaseModelIn, BaseModelOut, GenerateIn, GenerateOut
+from blade_service.api.worker_waits import waiting_for_a_worker
 from blade_service.broker import dispatch
 from blade_service.persistence import auth, base_models, hub, registry
 from blade_service.persistence.errors import GatewayTimeout, Invalid, ServiceError, Unavailable
@@ -159,9 +160,10 @@ def _dispatch_generate(
     base_model: str, text: str, max_new_tokens: int, timeout: float, *, as_question: bool
 ) -> dispatch.Completion:
     try:
-        return dispatch.generate(
-            base_model, text, max_new_tokens=max_new_tokens, timeout=timeout, as_question=as_question
-        )
+        with waiting_for_a_worker("generation"):
+            return dispatch.generate(
+                base_model, text, max_new_tokens=max_new_tokens, timeout=timeout, as_question=as_question
+            )
     except TimeoutError:
         raise GatewayTimeout(f"no worker answered within {timeout:g} s", code="generate_timeout") from None
     except dispatch.DispatchError as exc:

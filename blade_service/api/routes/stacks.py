@@ -17,6 +17,7 @@ from blade_service.api.schemas import (
     StackOperationOut,
     UnlearnRequestOut,
 )
+from blade_service.api.worker_waits import waiting_for_a_worker
 from blade_service.broker import dispatch
 from blade_service.persistence import auth, base_models, policy, rebase, stack_operations
 from blade_service.persistence.errors import (
@@ -122,9 +123,13 @@ def export(
     session.close()  # hold no connection while a worker builds the archive
 
     try:
-        built = dispatch.export(
-            model.name, format, timeout=settings.export_timeout_s, accept_timeout=settings.generate_timeout_s
-        )
+        with waiting_for_a_worker("export"):
+            built = dispatch.export(
+                model.name,
+                format,
+                timeout=settings.export_timeout_s,
+                accept_timeout=settings.generate_timeout_s,
+            )
     except TimeoutError:
         raise GatewayTimeout(
             f"no worker finished the export within {settings.export_timeout_s:g} s", code="export_timeout"
