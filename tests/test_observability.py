@@ -333,6 +333,33 @@ def test_json_lines_carry_bound_ids_and_extras():
     assert lines[2]["level"] == "error" and "ValueError: boom" in lines[2]["exc"]
 
 
+def test_a_tasks_return_value_never_reaches_the_log():
+    """Celery logs each task's return value; a generate task's is the prompt and the model's answer, which
+    must not outlive the forget data's purge in a log file. The success line stays, without the value."""
+    from celery import Celery
+
+    from blade_service.persistence.jsonlog import configure_logging
+
+    app = Celery("t", broker="memory://", backend="cache+memory://")
+
+    @app.task(name="blade.generate")
+    def generate() -> dict:
+        return {"text": "Born in Bryria, Teimo grew up in Goustith.", "prompt": "Where was Teimo born?"}
+
+    stream = io.StringIO()
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    try:
+        configure_logging(service="test", level="INFO", stream=stream)
+        assert generate.apply().get()["text"].startswith("Born in Bryria")
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+    logged = stream.getvalue()
+    assert "succeeded in" in logged and "(not logged)" in logged, logged
+    assert "Bryria" not in logged and "Teimo" not in logged
+
+
 def test_celery_publish_puts_the_ids_in_task_headers():
     """Publishing a task through a real Celery app (in-memory broker): the ids ride in the message headers."""
     from celery import Celery, signals

@@ -68,6 +68,20 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=repr, ensure_ascii=False)
 
 
+class TaskResultsUnlogged(logging.Filter):
+    """Celery logs every task's return value at INFO ("Task blade.generate[...] succeeded in 0.4s: {...}").
+    A generate task's is the prompt and the model's answer: personal data, kept in a log that outlives the
+    forget data's purge. The line stays; the value is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "celery.app.trace":  # the value is in the message's args and in `data`, an extra
+            for attribute in ("args", "data"):
+                context = getattr(record, attribute, None)
+                if isinstance(context, dict) and "return_value" in context:
+                    setattr(record, attribute, {**context, "return_value": "(not logged)"})
+        return True
+
+
 def configure_logging(*, service: str, level: str | int = "INFO", stream: IO[str] | None = None) -> None:
     """Route the root logger (and uvicorn's and Celery's) through one JSON handler. Idempotent."""
     root = logging.getLogger()
@@ -76,6 +90,7 @@ def configure_logging(*, service: str, level: str | int = "INFO", stream: IO[str
             root.removeHandler(handler)
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter(service))
+    handler.addFilter(TaskResultsUnlogged())
     handler._blade_json = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(level if isinstance(level, int) else level.upper())
