@@ -315,3 +315,24 @@ def test_banner_key_lines_work_in_a_shell_without_the_variable(tmp_path, generat
     )
     assert shell.returncode == 0 and shell.stdout.strip() == kept, shell.stderr
     assert (SECRET in line) == (generated and file_is_new)  # the secret is printed only when just generated
+
+
+def test_certificate_warns_when_the_certified_adapter_was_rolled_back_since_issue(
+    api_client, api_app, ready, tmp_path, blade
+):
+    """The signed document is immutable and says the adapter is active; after a rollback the verb says that
+    the deletion it certifies is no longer in effect."""
+    from tests.test_api_adapters import succeed_with_adapter
+
+    key = ready.tenant.admin
+    adapter_id = succeed_with_adapter(api_client, api_app, ready, tmp_path)
+    request_id = api_client.get(f"/adapters/{adapter_id}", headers=headers(key)).json()["request_id"]
+    status, out, err = blade(key, "certificate", request_id)
+    assert status == 0 and json.loads(out)["model"]["adapter"]["state"] == "active" and "warning" not in err
+    resp = api_client.post(
+        f"/adapters/{adapter_id}/disable", headers=headers(key), json={"reason": "withdrawn"}
+    )
+    assert resp.status_code == 200
+    status, again, err = blade(key, "certificate", request_id)
+    assert status == 0 and again == out  # the same signed bytes
+    assert f"adapter {adapter_id} is disabled (withdrawn)" in err and "not in effect" in err, err

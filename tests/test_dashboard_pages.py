@@ -223,3 +223,21 @@ def test_non_converged_run_has_an_amber_badge(api_client, api_app, ready):
     assert "badge amber not-converged" in client.get(f"/dashboard/requests/{rid}").text
     assert "badge amber not-converged" in client.get("/dashboard/requests").text
     api_client.cookies.clear()
+
+
+def test_a_request_whose_adapter_was_rolled_back_says_so(api_client, api_app, ready, tmp_path):
+    from tests.test_api_adapters import succeed_with_adapter
+
+    adapter_id = succeed_with_adapter(api_client, api_app, ready, tmp_path)
+    rid = api_client.get(f"/adapters/{adapter_id}", headers=headers(ready.tenant.admin)).json()["request_id"]
+    client = signed_in(api_client, ready.tenant.admin)
+    assert 'id="rolled-back"' not in client.get(f"/dashboard/requests/{rid}").text
+    body = {"reason": "withdrawn"}
+    assert (
+        api_client.post(
+            f"/adapters/{adapter_id}/disable", headers=headers(ready.tenant.admin), json=body
+        ).status_code
+        == 200
+    )
+    assert 'id="rolled-back"' in client.get(f"/dashboard/requests/{rid}").text
+    api_client.cookies.clear()

@@ -469,10 +469,14 @@ def run_metrics(args: argparse.Namespace) -> int:
 
 
 def run_certificate(args: argparse.Namespace) -> int:
+    since_issue: list[str] = []
+
     def go(client: Any) -> str:
-        if args.html:
+        if args.html:  # the page says what changed since issue itself
             return client.certificate_html(args.request_id)
-        return json.dumps(client.certificate(args.request_id), indent=2, sort_keys=True, ensure_ascii=False)
+        doc = client.certificate(args.request_id)
+        since_issue.extend(_since_issue(client, doc))
+        return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False)
 
     text = _call(args, go)
     if args.out is None:
@@ -480,7 +484,28 @@ def run_certificate(args: argparse.Namespace) -> int:
     else:
         args.out.write_text(text + "\n")
         print(f"wrote {args.out}", file=sys.stderr)
+    for line in since_issue:
+        print(line, file=sys.stderr)
     return 0
+
+
+def _since_issue(client: Any, doc: dict[str, Any]) -> list[str]:
+    """A warning when the certified adapter's state changed after issue: the signed document is immutable and
+    still says what held then (a rollback undoes the deletion it certifies)."""
+    issued = (doc.get("model") or {}).get("adapter") or {}
+    if not issued.get("id"):
+        return []
+    now = client.adapter(issued["id"])
+    if now.get("state") == issued.get("state"):
+        return []
+    effect = (
+        "the deletion it certifies is not in effect" if now.get("state") != "active" else "it is in effect"
+    )
+    reason = f" ({now['state_reason']})" if now.get("state_reason") else ""
+    return [
+        f"warning: since this certificate was issued, adapter {issued['id']} is {now.get('state')}{reason} "
+        f"since {now.get('state_changed_at')}: {effect}; the certificate still shows it {issued.get('state')}"
+    ]
 
 
 # --- adapters and base models -------------------------------------------------------------------------------
