@@ -336,3 +336,27 @@ def test_certificate_warns_when_the_certified_adapter_was_rolled_back_since_issu
     status, again, err = blade(key, "certificate", request_id)
     assert status == 0 and again == out  # the same signed bytes
     assert f"adapter {adapter_id} is disabled (withdrawn)" in err and "not in effect" in err, err
+
+
+def test_a_refused_submission_deletes_the_datasets_it_uploaded(api_client, ready, blade, tmp_path):
+    """The files go up before the API checks the request; when it refuses, nothing would ever purge them."""
+    from tests.fixtures_services import jsonl, qa_rows
+
+    key = ready.tenant.admin
+    forget, retain = tmp_path / "forget.jsonl", tmp_path / "retain.jsonl"
+    forget.write_bytes(jsonl(qa_rows(2, "f")))
+    retain.write_bytes(jsonl(qa_rows(2, "r")))
+
+    def live() -> set[str]:
+        items = api_client.get("/datasets", headers=headers(key)).json()["items"]
+        return {d["id"] for d in items if not d.get("purged_at")}
+
+    before = live()
+    argv = ("submit", "--base-model", "no-such-model", "--forget", str(forget), "--retain", str(retain))
+    status, _, err = blade(key, *argv)
+    assert status == 2 and "unknown_base_model" in err and "deleted the datasets this call uploaded" in err
+    assert live() == before
+    status, _, err = blade(
+        key, "submit", "--base-model", ready.base_model, "--forget", str(forget), "--retain", ready.retain
+    )
+    assert status == 0 and len(live() - before) == 1  # accepted: its upload stays with its request

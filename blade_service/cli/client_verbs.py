@@ -263,10 +263,14 @@ def _row(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def _dataset_ref(client: Any, value: str) -> str:
+def _dataset_ref(client: Any, value: str, uploaded: list[str] | None = None) -> str:
+    """A dataset id as given, or the id of the file `value` uploaded now (appended to `uploaded`)."""
     path = Path(value)
     if path.is_file():
-        return client.upload_dataset(path)["id"]
+        dataset_id: str = client.upload_dataset(path)["id"]
+        if uploaded is not None:
+            uploaded.append(dataset_id)
+        return dataset_id
     if value.endswith((".json", ".jsonl", ".txt")):
         raise CliError(f"{value}: no such file (and not a dataset id)")
     return value
@@ -346,17 +350,27 @@ def run_submit(args: argparse.Namespace) -> int:
         except json.JSONDecodeError as exc:
             raise CliError(f"--metadata: not JSON ({exc})") from None
 
+    params = _parse_sets(args.set, args.method or "blade")  # its errors come before anything is uploaded
+
     def go(client: Any) -> dict[str, Any]:
-        req = client.submit(
-            args.base_model,
-            _dataset_ref(client, args.forget),
-            _dataset_ref(client, args.retain),
-            method=args.method,
-            params=_parse_sets(args.set, args.method or "blade"),
-            metadata=metadata,
-            idempotency_key=args.idempotency_key,
-            preset=args.preset,
-        )
+        from blade_service.client import ApiError
+
+        uploaded: list[str] = []
+        try:
+            req = client.submit(
+                args.base_model,
+                _dataset_ref(client, args.forget, uploaded),
+                _dataset_ref(client, args.retain, uploaded),
+                method=args.method,
+                params=params,
+                metadata=metadata,
+                idempotency_key=args.idempotency_key,
+                preset=args.preset,
+            )
+        except ApiError as exc:
+            if exc.status < 500:  # refused for good: no request holds what this call uploaded
+                _discard_uploads(client, uploaded)
+            raise
         if not args.wait:
             _show(args, req)
             return req
@@ -364,6 +378,20 @@ def run_submit(args: argparse.Namespace) -> int:
         return _finish(args, client, _watch(client, req["id"], timeout=args.timeout, quiet=args.json))
 
     return _exit_code(_call(args, go))
+
+
+def _discard_uploads(client: Any, dataset_ids: list[str]) -> None:
+    """Delete the datasets a refused submission uploaded: no request names them, so no retention rule would
+    ever purge that forget data."""
+    deleted = []
+    for dataset_id in dataset_ids:
+        try:
+            client.delete_dataset(dataset_id)
+            deleted.append(dataset_id)
+        except Exception as exc:  # the refusal is the error to report; this one is only named
+            print(f"warning: could not delete the uploaded dataset {dataset_id}: {exc}", file=sys.stderr)
+    if deleted:
+        print(f"deleted the datasets this call uploaded: {', '.join(deleted)}", file=sys.stderr)
 
 
 def run_status(args: argparse.Namespace) -> int:
