@@ -360,3 +360,17 @@ def test_a_refused_submission_deletes_the_datasets_it_uploaded(api_client, ready
         key, "submit", "--base-model", ready.base_model, "--forget", str(forget), "--retain", ready.retain
     )
     assert status == 0 and len(live() - before) == 1  # accepted: its upload stays with its request
+
+
+def test_policy_rules_turn_off_with_the_word_the_dashboard_shows(ready, blade):
+    key, name = ready.tenant.admin, ready.base_model
+    status, out, err = blade(
+        key, "base-models", "policy", name, "--reason", "r", "--set", "max_forget_prob=0.1", "--json"
+    )
+    assert status == 0 and json.loads(out)["policy"]["max_forget_prob"] == 0.1, err
+    status, out, err = blade(
+        key, "base-models", "policy", name, "--reason", "r", "--set", "max_forget_prob=off", "--json"
+    )
+    assert status == 0 and json.loads(out)["policy"]["max_forget_prob"] is None, err
+    status, out, _ = blade(key, "datasets", "list")
+    assert status == 0 and "purged_at" in out.splitlines()[0]  # deleted or purged data does not look live

@@ -26,7 +26,7 @@ from blade_service.cli.main import CliError
 
 REQUEST_COLUMNS = ["id", "status", "base_model", "method", "progress", "adapter_id", "created_at"]
 ADAPTER_COLUMNS = ["id", "version", "state", "request_id", "method", "trained_on_stale", "created_at"]
-DATASET_COLUMNS = ["id", "name", "kind", "format", "rows", "size_bytes", "created_at"]
+DATASET_COLUMNS = ["id", "name", "kind", "format", "rows", "size_bytes", "created_at", "purged_at"]
 MODEL_COLUMNS = ["name", "source", "shared", "description", "created_at"]
 AUDIT_COLUMNS = ["id", "created_at", "actor", "action", "subject_id", "reason"]
 WEBHOOK_COLUMNS = ["id", "url", "events", "created_at", "disabled_at"]
@@ -159,7 +159,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = _verb(verbs, "policy", run_model_policy, "change a model's unlearning policy or canary set (admin)")
     p.add_argument("name")
     p.add_argument("--reason", required=True)
-    p.add_argument("--set", action="append", default=[], metavar="RULE=VALUE", help="a policy rule")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="RULE=VALUE", help="a policy rule (VALUE off: no limit)"
+    )
     p.add_argument("--canary-dataset", default=None, help="a dataset id to measure utility on")
     p.add_argument("--clear-canary", action="store_true")
 
@@ -641,8 +643,8 @@ def run_model_retention(args: argparse.Namespace) -> int:
 
 def run_model_policy(args: argparse.Namespace) -> int:
     body: dict[str, Any] = {"reason": args.reason}
-    if args.set:
-        body["policy"] = _parse_sets(args.set)
+    if args.set:  # `off` turns a rule off, as the dashboard names an unset rule (the API's null)
+        body["policy"] = {k: None if v == "off" else v for k, v in _parse_sets(args.set).items()}
     if args.canary_dataset:
         body["canary_dataset"] = args.canary_dataset
     if args.clear_canary:

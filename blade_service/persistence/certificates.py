@@ -361,9 +361,15 @@ def gather(session: Session, request_id: str, *, tenant_id: str | None = None) -
     # a rejected request whose adapter an admin activated anyway (persistence/policy.py) is live too
     overridden = status == RequestStatus.REJECTED and bool((request.gate or {}).get("override"))
     if (status != RequestStatus.SUCCEEDED and not overridden) or request.adapter is None:
+        why = (
+            "its adapter was held back by the base model's policy gate (an admin may enable it: it is then "
+            "certified)"
+            if status == RequestStatus.REJECTED
+            else "it produced no adapter in the effective model"
+        )
         raise CertificateError(
-            f"request {request_id} is {status.value}: a certificate is issued only for a "
-            "succeeded request (one that produced an adapter)"
+            f"request {request_id} is {status.value}: a certificate is issued only for a request whose "
+            f"adapter went live, and {why}"
         )
     adapter = request.adapter
     stack_rows = session.scalars(
