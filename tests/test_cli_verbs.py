@@ -374,3 +374,20 @@ def test_policy_rules_turn_off_with_the_word_the_dashboard_shows(ready, blade):
     assert status == 0 and json.loads(out)["policy"]["max_forget_prob"] is None, err
     status, out, _ = blade(key, "datasets", "list")
     assert status == 0 and "purged_at" in out.splitlines()[0]  # deleted or purged data does not look live
+
+
+def test_a_run_the_worker_started_over_says_so_beside_its_steps(api_client, api_app, ready, blade):
+    """After a collapse the worker runs again from step 0; the step count alone would not show it."""
+    key = ready.tenant.admin
+    request_id = api_client.post("/unlearn-requests", headers=headers(key), json=ready.body()).json()["id"]
+    why = {"collapsed": "retain loss 14.46 > 10.0 at step 2", "eta_out": 0.01}
+    with api_app.state.session_factory() as s, s.begin():
+        s.add(
+            TrainingEvent(request_id=request_id, step=1, record={"step": 1, "L_fgt": 1.0, "restarted": why})
+        )
+        s.add(TrainingEvent(request_id=request_id, step=2, record={"step": 2, "L_fgt": 0.5}))
+    for argv in (("events", request_id), ("status", request_id, "--events")):
+        status, out, err = blade(key, *argv)
+        assert status == 0 and "L_fgt" in out, (argv, out)
+        assert "note: the worker started this run over: it collapsed (retain loss 14.46" in err, (argv, err)
+        assert "at eta_out 0.01" in err

@@ -333,8 +333,25 @@ def _finish(args: argparse.Namespace, client: Any, state: dict[str, Any]) -> dic
         display.print_json({**state, "metrics": metrics})
     else:
         display.print_summary(_console(), state, metrics)
+        _restart_lines(client.events(state["id"]))
     _convergence_line(state)
     return state
+
+
+def _restart_lines(records: list[dict[str, Any]]) -> None:
+    """A line (stderr) for each time the worker started the run over, which its step count no longer shows:
+    the new first step's event says why (`restarted`, blade_service/worker/training.py)."""
+    for record in records:
+        why = record.get("restarted")
+        if not isinstance(why, dict):
+            continue
+        if "collapsed" in why:
+            text = f"it collapsed ({why['collapsed']}), and ran from step 0 at eta_out {why.get('eta_out')}"
+        else:
+            text = (
+                f"its checkpoint at step {why.get('discarded_checkpoint_step')} no longer matched the config"
+            )
+        print(f"note: the worker started this run over: {text}", file=sys.stderr)
 
 
 def _exit_code(state: dict[str, Any]) -> int:
@@ -408,7 +425,9 @@ def run_status(args: argparse.Namespace) -> int:
                 state = {**state, "events": client.events(args.request_id)}
             _show(args, state)
         if args.events and not args.json:
-            _events_table(client.events(args.request_id))
+            records = client.events(args.request_id)
+            _events_table(records)
+            _restart_lines(records)
         return state
 
     state = _call(args, go)
@@ -470,6 +489,7 @@ def run_events(args: argparse.Namespace) -> int:
                 print(json.dumps(records, indent=2, default=str))
             else:
                 _events_table(records)
+                _restart_lines(records)
             return
         show(records)
         last = records[-1]["step"] if records else 0
