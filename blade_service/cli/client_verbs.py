@@ -706,6 +706,7 @@ def run_keys_list(args: argparse.Namespace) -> int:
 def run_key_create(args: argparse.Namespace) -> int:
     doc = _call(args, lambda c: c.create_api_key(args.name, args.scope, tenant=args.tenant))
     _show(args, doc)
+    print("the key is shown only this once: the service keeps only its hash", file=sys.stderr)
     return 0
 
 
