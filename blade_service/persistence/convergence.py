@@ -46,6 +46,6 @@ def convergence_note(
         cap = f" of {step_cap}" if step_cap else ""
         return (
             f"Not converged: the run stopped at its step cap{cap} after {steps} outer steps without meeting "
-            "its convergence criterion; the forget objective may not have been reached."
+            "its convergence criterion; the forget metrics after the run say how much it forgot."
         )
     return f"Not converged: the run ended as {run_status!r}."
