@@ -175,3 +175,15 @@ def test_only_the_operator_registers_sources_on_the_workers_or_for_another_tenan
     )
     entry = api_client.get(f"/audit-log?subject_id={resp.json()['id']}", headers=mine).json()["items"]
     assert [e["action"] for e in entry] == ["base_model.register"]  # the tenant sees its model's registration
+
+
+def test_a_new_tenant_cannot_be_named_like_another(api_client, admin_key):
+    """Look-alikes of the operator's tenant would read as it in an audit log."""
+    for name in ("DEFAULT", "default ", "ｄｅｆａｕｌｔ", "default\u200b", "a/b", ""):
+        resp = api_client.post(
+            "/api-keys", headers=headers(admin_key), json={"name": "k", "scopes": ["read"], "tenant": name}
+        )
+        if name == "":  # an empty tenant means the caller's own
+            assert resp.status_code == 201 and resp.json()["tenant"] == "default"
+            continue
+        assert resp.status_code == 422 and resp.json()["error"]["field"] == "tenant", (name, resp.text)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import secrets
 import threading
 import time
@@ -25,7 +26,7 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, joinedload, make_transient_to_detached
 from sqlalchemy.orm.attributes import set_committed_value
@@ -89,12 +90,29 @@ def tenant_named(session: Session, *, name: str) -> Tenant:
     return tenant
 
 
+# A new tenant's name: letters, digits, '.', '_', '-', starting with a letter or digit (fullmatch), and
+# no other tenant's name in another letter case: `DEFAULT`, `default ` or `default` in fullwidth letters
+# would read as the operator's tenant in an audit log.
+TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
 def get_or_create_tenant(session: Session, *, name: str) -> Tenant:
     tenant = session.scalars(select(Tenant).where(Tenant.name == name)).one_or_none()
-    if tenant is None:
-        tenant = Tenant(name=name)
-        session.add(tenant)
-        session.flush()
+    if tenant is not None:
+        return tenant
+    if not TENANT_NAME.fullmatch(name):
+        raise Invalid(
+            "tenant: 1-100 characters of letters, digits, '.', '_', '-', starting with a letter or digit",
+            field="tenant",
+        )
+    twin = session.scalars(select(Tenant.name).where(func.lower(Tenant.name) == name.lower())).first()
+    if twin is not None:
+        raise Invalid(
+            f"tenant: {name!r} differs from the tenant {twin!r} only in letter case", field="tenant"
+        )
+    tenant = Tenant(name=name)
+    session.add(tenant)
+    session.flush()
     return tenant
 
 
