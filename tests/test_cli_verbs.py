@@ -391,3 +391,13 @@ def test_a_run_the_worker_started_over_says_so_beside_its_steps(api_client, api_
         assert status == 0 and "L_fgt" in out, (argv, out)
         assert "note: the worker started this run over: it collapsed (retain loss 14.46" in err, (argv, err)
         assert "at eta_out 0.01" in err
+
+
+def test_retention_changes_one_field_and_keeps_the_other(ready, blade):
+    """PUT takes both fields; the verb's own help example sets one (it answered 422 before)."""
+    key, name = ready.tenant.admin, ready.base_model
+    status, out, err = blade(key, "base-models", "retention", name, "--set", "success_s=60", "--json")
+    assert status == 0 and json.loads(out)["success_s"] == 60, err
+    status, out, err = blade(key, "base-models", "retention", name, "--set", "failure_s=3600", "--json")
+    assert status == 0, err
+    assert (json.loads(out)["success_s"], json.loads(out)["failure_s"]) == (60, 3600)

@@ -49,6 +49,16 @@ def test_metrics_stay_inside_the_compose_network():
     assert api_job["static_configs"][0]["targets"] == [f"api:{metrics_port}"]
 
 
+def test_only_the_api_is_published_beyond_the_hosts_loopback():
+    """Prometheus answers without authentication and names every tenant's base models; Grafana's password
+    defaults to admin."""
+    published = {name: s["ports"] for name, s in SERVICES.items() if s.get("ports")}
+    assert published.pop("api") == ["8000:8000"]
+    assert published and all(p.startswith("127.0.0.1:") for ports in published.values() for p in ports), (
+        published
+    )
+
+
 def test_the_schedule_runs_in_exactly_one_single_replica_service():
     beat = [name for name, s in SERVICES.items() if "--beat" in (s.get("command") or [])]
     assert beat == ["scheduler"]

@@ -14,7 +14,7 @@ built (tests/test_api_fuzz.py fuzzes the whole document and fails on any status 
 | 422 | a parameter or body field is invalid or unstorable (names the field) | operations with input |
 | 503 | the database or the artifact store is unavailable | every keyed operation |
 
-Operations declare anything further themselves: `responses=error_responses(502, 504)`.
+Operations declare anything further themselves: `responses=error_responses(429, 502, 504)`.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ DESCRIPTIONS = {
     409: "Conflicts with the current state",
     413: "Request body too large",
     422: "Invalid input; `error.field` names the field",
+    429: "Too many calls of this API process wait for a worker; retry after `Retry-After` seconds",
     502: "The worker failed",
     503: "A backing service is unavailable; retry",
     504: "No worker answered in time",

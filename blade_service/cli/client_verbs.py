@@ -654,7 +654,14 @@ def run_model_register(args: argparse.Namespace) -> int:
 
 def run_model_retention(args: argparse.Namespace) -> int:
     if args.set:
-        doc = _call(args, lambda c: c.set_retention(args.name, **_parse_sets(args.set)))
+        changes = _parse_sets(args.set)
+
+        def put(client: Any) -> Any:  # PUT sets both: a field not given keeps the model's own value
+            now = client.retention(args.name)
+            body = {k: now.get(k) for k in ("success_s", "failure_s")} | changes
+            return client.set_retention(args.name, **body)
+
+        doc = _call(args, put)
     else:
         doc = _call(args, lambda c: c.retention(args.name))
     _show(args, doc)

@@ -77,7 +77,7 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     # uvicorn worker processes of `blade api` (0: one per CPU core, what compose sets). Each keeps its own
-    # API-key cache: a revocation reaches the others within persistence/auth.py's KEY_CACHE_TTL_S.
+    # API-key cache: a revocation reaches the others at once (key_revocations.py, LISTEN/NOTIFY).
     api_workers: int = Field(default=1, ge=0)
     # Prometheus `/metrics` of the API on its own port (compose: 9100, not published to the host), so the
     # public port never serves it; 0 serves it on the API's own port, as `make run` does.

@@ -117,7 +117,7 @@ GENERATE_EXAMPLES = {
 }
 
 
-@router.post("/{name}/generate", response_model=GenerateOut, responses=error_responses(502, 504))
+@router.post("/{name}/generate", response_model=GenerateOut, responses=error_responses(429, 502, 504))
 def generate_text(
     name: str,
     body: Annotated[GenerateIn, Body(openapi_examples=GENERATE_EXAMPLES)],

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
 from blade_service.api.deps import AdminKey, ReadKey, SessionDep, SettingsDep, StorageDep
+from blade_service.api.error_responses import error_responses
 from blade_service.api.routes.requests import request_out
 from blade_service.api.schemas import (
     BaseModelOut,
@@ -100,7 +101,7 @@ def get_operation(operation_id: str, session: SessionDep, key: ReadKey) -> Stack
 @router.get(
     "/base-models/{name}/export",
     response_class=StreamingResponse,
-    responses={200: {"content": {"application/gzip": {}}}},
+    responses={200: {"content": {"application/gzip": {}}}, **error_responses(429, 502, 504)},
 )
 def export(
     name: str,
