@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from blade_service.cli import client_verbs
 from blade_service.cli.main import build_parser, main
@@ -401,3 +401,26 @@ def test_retention_changes_one_field_and_keeps_the_other(ready, blade):
     status, out, err = blade(key, "base-models", "retention", name, "--set", "failure_s=3600", "--json")
     assert status == 0, err
     assert (json.loads(out)["success_s"], json.loads(out)["failure_s"]) == (60, 3600)
+
+
+def test_certificate_of_a_compacted_version_says_its_change_is_still_in_effect(
+    api_client, api_app, ready, tmp_path, blade
+):
+    from blade_service.persistence import registry
+    from blade_service.persistence.models import BaseModel
+    from tests.test_api_adapters import succeed_with_adapter
+
+    key = ready.tenant.admin
+    a1, a2 = (succeed_with_adapter(api_client, api_app, ready, tmp_path) for _ in range(2))
+    request_id = api_client.get(f"/adapters/{a1}", headers=headers(key)).json()["request_id"]
+    assert blade(key, "certificate", request_id)[0] == 0  # issued while v1 is active
+    with api_app.state.session_factory() as s, s.begin():
+        model = s.scalars(select(BaseModel).where(BaseModel.name == ready.base_model)).one()
+        compacted = registry.create_compacted_version(
+            s, base_model_id=model.id, sources=[a1, a2], artifact_key="k", sha256="cd" * 32, size_bytes=1,
+            lineage={"rank": 16}, actor="key:admin", reason="compact", tenant_id=model.tenant_id,
+        ).id  # fmt: skip
+    view = api_client.get(f"/adapters/{a1}", headers=headers(key)).json()
+    assert view["state"] == "disabled" and view["superseded_by"] == compacted and view["change_in_effect"]
+    status, _, err = blade(key, "certificate", request_id)
+    assert status == 0 and "still in effect" in err and f"{compacted} carries its change" in err, err

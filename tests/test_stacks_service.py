@@ -10,6 +10,7 @@ from blade_service.persistence import policy, registry
 from blade_service.persistence.errors import Conflict, Invalid
 from blade_service.persistence.models import (
     AdapterState,
+    AdapterVersion,
     AuditEntry,
     BaseModel,
     RequestStatus,
@@ -127,7 +128,7 @@ def test_compacted_version_replaces_the_stack_and_stays_restorable(world):
         reasons = {a.id: a.state_reason for a in registry.list_stack(s, world.model)}
     assert reasons[a1] == reasons[a2] == "compacted into v3"
 
-    with pytest.raises(Conflict, match="disable that one first") as busy:
+    with pytest.raises(Conflict, match="disable v3 first") as busy:
         world.enable(a1)
     assert busy.value.code == "compacted"
     world.disable(c3, reason="back to the separate versions")
@@ -135,6 +136,16 @@ def test_compacted_version_replaces_the_stack_and_stays_restorable(world):
     world.enable(a2)
     stack = {a: (state, stale) for a, _, state, stale in world.stack()}
     assert stack[a1] == stack[a2] == ("active", False) and stack[late] == ("active", False)
+    # and back: the compaction while the versions it contains are active would apply their changes twice
+    with pytest.raises(Conflict, match="v3 compacts v1") as busy:
+        world.enable(c3)
+    assert busy.value.code == "compacted"
+    with world.factory() as s:
+        stack = registry.list_stack(s, world.model)
+        by_id = {a.id: a for a in stack}
+        assert (
+            registry.successor(stack, by_id[a1]).id == c3 and registry.successor(stack, by_id[late]) is None
+        )
 
 
 def test_rejected_adapter_is_stored_disabled_and_an_override_is_recorded(world):
@@ -275,3 +286,23 @@ def test_a_regressed_earlier_forget_set_fails_the_gate_with_a_readable_message()
     assert "earlier_forget_kept:ds_1: remembered again (Prob 0.010 -> 0.600" in policy.failure_message(
         verdict
     )
+
+
+def test_a_retrained_version_and_the_one_it_replaced_are_never_active_together(world):
+    old = world.adapter()
+    new = world.adapter()
+    with world.factory() as s, s.begin():  # what the worker records once a rebase's retrain succeeds
+        s.get(AdapterVersion, new).lineage = {"retrain_of": old, "replaces_version": 1}
+    world.disable(old, reason="replaced by v2, retrained on the new stack (rebase)")
+    with pytest.raises(Conflict, match="v2 retrains v1") as busy:
+        world.enable(old)
+    assert busy.value.code == "replaced"
+    with world.factory() as s:
+        stack = registry.list_stack(s, world.model)
+        by_id = {a.id: a for a in stack}
+        assert registry.successor(stack, by_id[old]).id == new
+        assert registry.change_in_effect(stack, by_id[old])  # disabled, but its retrain carries it
+    world.disable(new, reason="back to the first")
+    world.enable(old)
+    with pytest.raises(Conflict, match="disable v1 first"):
+        world.enable(new)

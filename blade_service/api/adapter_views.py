@@ -28,7 +28,14 @@ def stack_views(stack: list[AdapterVersion], *, tenant_id: str | None) -> dict[s
             continue
         out = AdapterOut.of(a, stale=stale[a.id])
         parents = [registry.public_ref(by_id[p], tenant_id) if p in by_id else p for p in out.parent_stack]
-        views[a.id] = out.model_copy(update={"parent_stack": parents})
+        after = registry.successor(stack, a)
+        views[a.id] = out.model_copy(
+            update={
+                "parent_stack": parents,
+                "superseded_by": registry.public_ref(after, tenant_id) if after is not None else None,
+                "change_in_effect": registry.change_in_effect(stack, a),
+            }
+        )
     return views
 
 

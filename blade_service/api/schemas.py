@@ -288,6 +288,14 @@ class AdapterOut(Schema):
     hyperparameters: dict[str, Any]
     parent_stack: list[str]
     trained_on_stale: bool = Field(description="the active adapters below it differ from those it trained on")
+    superseded_by: str | None = Field(
+        default=None,
+        description="the later version that carries its change instead (its compaction or retrain)",
+    )
+    change_in_effect: bool = Field(
+        default=True,
+        description="its change is in the effective model: it is active, or a successor of it is",
+    )
     created_at: datetime
     state_changed_at: datetime | None
     state_changed_by: str | None
@@ -315,6 +323,7 @@ class AdapterOut(Schema):
             state_reason=a.state_reason,
             kind=a.kind or "request",
             lineage=a.lineage,
+            change_in_effect=a.state == models.AdapterState.ACTIVE,  # a successor's: `stack_views`
         )
 
 

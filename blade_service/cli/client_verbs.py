@@ -541,24 +541,24 @@ def run_certificate(args: argparse.Namespace) -> int:
 
 def _since_issue(client: Any, doc: dict[str, Any]) -> list[str]:
     """A warning when the certified adapter's state changed after issue: the signed document is immutable and
-    still says what held then (a rollback undoes the deletion it certifies)."""
+    still says what held then. A rollback undoes the deletion it certifies; a compaction or a retrain that
+    replaced the version carries it on (`superseded_by`)."""
     issued = (doc.get("model") or {}).get("adapter") or {}
     if not issued.get("id"):
         return []
     now = client.adapter(issued["id"])
     if now.get("state") == issued.get("state"):
         return []
-    effect = (
-        "the deletion it certifies is not in effect" if now.get("state") != "active" else "it is in effect"
-    )
     reason = f" ({now['state_reason']})" if now.get("state_reason") else ""
+    if now.get("change_in_effect", now.get("state") == "active"):
+        carried = f", and {now['superseded_by']} carries its change" if now.get("superseded_by") else ""
+        effect = f"the deletion it certifies is still in effect{carried}"
+    else:
+        effect = "the deletion it certifies is not in effect"
     return [
         f"warning: since this certificate was issued, adapter {issued['id']} is {now.get('state')}{reason} "
         f"since {now.get('state_changed_at')}: {effect}; the certificate still shows it {issued.get('state')}"
     ]
-
-
-# --- adapters and base models -------------------------------------------------------------------------------
 
 
 def run_rollback(args: argparse.Namespace) -> int:

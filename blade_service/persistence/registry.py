@@ -264,6 +264,39 @@ def get_adapter(session: Session, *, adapter_id: str, tenant_id: str | None) -> 
     return adapter
 
 
+def _stands_for(adapter: AdapterVersion) -> list[str]:
+    """The versions whose change `adapter` carries instead: those it compacts, or the one it retrains."""
+    lineage = adapter.lineage or {}
+    return [*lineage.get("contains", []), *([lineage["retrain_of"]] if lineage.get("retrain_of") else [])]
+
+
+def _same_change(a: AdapterVersion, b: AdapterVersion) -> bool:
+    return a.id in _stands_for(b) or b.id in _stands_for(a)
+
+
+def _relation(adapter: AdapterVersion, other: AdapterVersion) -> str:
+    replacement, replaced = (other, adapter) if adapter.id in _stands_for(other) else (adapter, other)
+    verb = "compacts" if replacement.kind == COMPACTION_KIND else "retrains"
+    return f"v{replacement.version} {verb} v{replaced.version}"
+
+
+def successor(stack: list[AdapterVersion], adapter: AdapterVersion) -> AdapterVersion | None:
+    """The newest later version of `stack` (a base model's, as `list_stack` returns it) that carries
+    `adapter`'s change instead of it: a compaction containing it, or its retrain on a rebased stack."""
+    later = [a for a in stack if a.version > adapter.version and adapter.id in _stands_for(a)]
+    return max(later, key=lambda a: a.version, default=None)
+
+
+def change_in_effect(stack: list[AdapterVersion], adapter: AdapterVersion) -> bool:
+    """Whether `adapter`'s change is in the effective model: it is active, or a successor of it is."""
+    current: AdapterVersion | None = adapter
+    while current is not None:
+        if current.state == AdapterState.ACTIVE:
+            return True
+        current = successor(stack, current)
+    return False
+
+
 def visible_to(adapter: AdapterVersion, tenant_id: str | None) -> bool:
     """May the tenant see this adapter (`tenant_id` None: the operator, who sees all)?
 
@@ -427,16 +460,14 @@ def enable(
         and a.state == AdapterState.ACTIVE
     ]
     changed = adapter.state != AdapterState.ACTIVE
-    containers = [
-        a
-        for a in stack
-        if a.state == AdapterState.ACTIVE and adapter.id in (a.lineage or {}).get("contains", [])
-    ]
-    if changed and containers:
+    overlapping = [a for a in stack if a.state == AdapterState.ACTIVE and _same_change(a, adapter)]
+    if changed and overlapping:
+        other = overlapping[0]
         raise Conflict(
-            f"adapter {adapter.id} is part of the active compacted version v{containers[0].version} "
-            f"({containers[0].id}); disable that one first, then enable the versions it replaced",
-            code="compacted",
+            f"adapter {adapter.id} (v{adapter.version}) and the active v{other.version} "
+            f"({public_ref(other, viewer)}) carry the same change ({_relation(adapter, other)}): both active "
+            f"would apply it twice; disable v{other.version} first",
+            code="compacted" if COMPACTION_KIND in (adapter.kind, other.kind) else "replaced",
         )
     request = adapter.request
     override = changed and request is not None and request.status == "rejected"

@@ -221,11 +221,13 @@ def request_detail(session: Session, *, tenant_id: str, request_id: str) -> dict
     out["eta_seconds"] = requests.progress(session, request=r).eta_seconds
     out["gate"] = r.gate  # the policy gate's verdict (persistence/policy.py)
     if r.adapter is not None:
+        stack = registry.list_stack(session, r.adapter.base_model)
         out["adapter"] = {
             "id": r.adapter.id,
             "version": r.adapter.version,
             "state": _status(r.adapter.state),
             "sha256": r.adapter.sha256,
+            "change_in_effect": registry.change_in_effect(stack, r.adapter),  # a compaction may carry it
         }
     out["audit"] = label_actors(
         session,
