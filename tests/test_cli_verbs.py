@@ -424,3 +424,33 @@ def test_certificate_of_a_compacted_version_says_its_change_is_still_in_effect(
     assert view["state"] == "disabled" and view["superseded_by"] == compacted and view["change_in_effect"]
     status, _, err = blade(key, "certificate", request_id)
     assert status == 0 and "still in effect" in err and f"{compacted} carries its change" in err, err
+
+
+def test_rollback_takes_one_way_and_a_refused_retrain_deletes_its_upload(
+    api_client, api_app, ready, tmp_path, blade, capsys
+):
+    from tests.fixtures_services import jsonl, qa_rows
+    from tests.test_api_adapters import succeed_with_adapter
+
+    key = ready.tenant.admin
+    adapter_id = succeed_with_adapter(api_client, api_app, ready, tmp_path)
+    for flags in (("--enable", "--cascade"), ("--enable", "--retrain"), ("--cascade", "--retrain")):
+        with pytest.raises(SystemExit) as stop:
+            blade(key, "rollback", adapter_id, "--reason", "r", *flags)
+        assert stop.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+    assert blade(key, "rollback", adapter_id, "--reason", "withdrawn")[0] == 0
+    forget = tmp_path / "again.jsonl"
+    forget.write_bytes(jsonl(qa_rows(2, "f")))
+    before = {
+        d["id"]
+        for d in api_client.get("/datasets", headers=headers(key)).json()["items"]
+        if not d["purged_at"]
+    }
+    status, _, err = blade(key, "retrain", adapter_id, "--reason", "r", "--forget", str(forget))
+    assert status == 2 and "not_active" in err and "deleted the datasets this call uploaded" in err, err
+    after = {
+        d["id"]
+        for d in api_client.get("/datasets", headers=headers(key)).json()["items"]
+        if not d["purged_at"]
+    }
+    assert after == before

@@ -93,9 +93,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = _verb(subparsers, "rollback", run_rollback, "disable (or --enable) an adapter version")
     p.add_argument("adapter_id")
     p.add_argument("--reason", required=True)
-    p.add_argument("--cascade", action="store_true", help="also disable adapters trained on top of it")
-    p.add_argument("--enable", action="store_true", help="restore the adapter instead")
-    p.add_argument(
+    how = p.add_mutually_exclusive_group()  # one way to change the stack per call
+    how.add_argument("--cascade", action="store_true", help="also disable adapters trained on top of it")
+    how.add_argument("--enable", action="store_true", help="restore the adapter instead")
+    how.add_argument(
         "--retrain", action="store_true", help="re-run the later versions' requests on the new stack instead"
     )
 
@@ -582,8 +583,16 @@ def run_rollback(args: argparse.Namespace) -> int:
 
 def run_retrain(args: argparse.Namespace) -> int:
     def go(client: Any) -> dict[str, Any]:
-        forget = _dataset_ref(client, args.forget) if args.forget else None
-        return client.retrain(args.adapter_id, args.reason, forget_dataset=forget)
+        from blade_service.client import ApiError
+
+        uploaded: list[str] = []
+        try:
+            forget = _dataset_ref(client, args.forget, uploaded) if args.forget else None
+            return client.retrain(args.adapter_id, args.reason, forget_dataset=forget)
+        except ApiError as exc:
+            if exc.status < 500:  # refused: no request holds the forget data this call uploaded
+                _discard_uploads(client, uploaded)
+            raise
 
     _show(args, _call(args, go))
     return 0
