@@ -248,3 +248,43 @@ def test_a_certificate_names_only_its_tenants_adapters(api_client, shared):
     assert model["adapter"]["trained_on"] == [{"id": "other-tenant:v1", "version": 1, "state": "active"}]
     expected = ["other-tenant:v1", shared["ids"]["b2"], "other-tenant:v3"]
     assert [part["id"] for part in model["stack"]] == expected
+
+
+def test_a_compaction_on_a_shared_model_is_a_tenants_when_everything_in_it_is(
+    api_client, api_app, shared, admin_key
+):
+    """A compaction has no request of its own: its owner saw it as another tenant's (no id, no enable)."""
+    from sqlalchemy import select
+
+    from blade_service.persistence import registry
+    from blade_service.persistence.models import BaseModel
+
+    ids = shared["ids"]
+    assert (
+        api_client.post(
+            f"/adapters/{ids['b2']}/disable", headers=headers(admin_key), json={"reason": "out of the way"}
+        ).status_code
+        == 200
+    )
+    with api_app.state.session_factory() as s, s.begin():
+        model = s.scalars(select(BaseModel).where(BaseModel.name == shared["model"])).one()
+        mine = registry.create_compacted_version(
+            s, base_model_id=model.id, sources=[ids["a1"], ids["a3"]], artifact_key="k", sha256="cd" * 32,
+            size_bytes=1, lineage={"rank": 8}, actor="key:admin", reason="compact",
+        ).id  # fmt: skip
+    a, b = headers(shared["a"].admin), headers(shared["b"].admin)
+    assert api_client.get(f"/adapters/{mine}", headers=a).json()["kind"] == "compaction"
+    assert api_client.get(f"/adapters/{mine}", headers=b).status_code == 404
+    assert api_client.get(f"/adapters/{ids['a1']}", headers=a).json()["superseded_by"] == mine
+    with api_app.state.session_factory() as s, s.begin():  # and one holding B's version is nobody's but B's
+        model = s.scalars(select(BaseModel).where(BaseModel.name == shared["model"])).one()
+        registry.disable(s, adapter_id=mine, actor="key:admin", reason="undo", operator=True)
+        for adapter_id in (ids["a1"], ids["b2"], ids["a3"]):
+            registry.enable(s, adapter_id=adapter_id, actor="key:admin", reason="back", operator=True)
+        mixed = registry.create_compacted_version(
+            s, base_model_id=model.id, sources=[ids["a1"], ids["b2"], ids["a3"]], artifact_key="k2",
+            sha256="ef" * 32, size_bytes=1, lineage={"rank": 8}, actor="key:admin", reason="compact",
+        ).id  # fmt: skip
+    assert api_client.get(f"/adapters/{mixed}", headers=a).status_code == 404
+    assert api_client.get(f"/adapters/{mixed}", headers=b).status_code == 404
+    assert api_client.get(f"/adapters/{mixed}", headers=headers(admin_key)).status_code == 200

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import func, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 
 from blade_service.persistence import audit
 from blade_service.persistence.errors import Conflict, Forbidden, Invalid, NotFound
@@ -300,13 +300,20 @@ def change_in_effect(stack: list[AdapterVersion], adapter: AdapterVersion) -> bo
 def visible_to(adapter: AdapterVersion, tenant_id: str | None) -> bool:
     """May the tenant see this adapter (`tenant_id` None: the operator, who sees all)?
 
-    Every adapter of its own base model; on a shared base model only those its own requests made. Another
-    tenant's version shows at most that it exists (version and state): no id, request, data hash or file.
+    Every adapter of its own base model; on a shared base model only those its own requests made, and a
+    compaction of only such versions. Another tenant's version shows at most that it exists (version and
+    state): no id, request, data hash or file.
     """
     if tenant_id is None or adapter.base_model.tenant_id == tenant_id:
         return True
+    if adapter.base_model.tenant_id is not None:
+        return False
+    if adapter.kind == COMPACTION_KIND:  # no request of its own: the tenant's when everything in it is
+        session = object_session(adapter)
+        contained = [session.get(AdapterVersion, i) for i in _stands_for(adapter)] if session else []
+        return bool(contained) and all(a is not None and visible_to(a, tenant_id) for a in contained)
     request = adapter.request
-    return adapter.base_model.tenant_id is None and request is not None and request.tenant_id == tenant_id
+    return request is not None and request.tenant_id == tenant_id
 
 
 def public_ref(adapter: AdapterVersion, tenant_id: str | None) -> str:
