@@ -454,3 +454,30 @@ def test_rollback_takes_one_way_and_a_refused_retrain_deletes_its_upload(
         if not d["purged_at"]
     }
     assert after == before
+
+
+def test_compact_wait_polls_the_operation_to_its_end(api_client, api_app, ready, tmp_path, blade):
+    from blade_service.persistence.models import StackOperation
+    from tests.test_api_adapters import succeed_with_adapter
+
+    succeed_with_adapter(api_client, api_app, ready, tmp_path)
+
+    def worker() -> None:  # no worker runs here: fail the operation as one would, once it is queued
+        for _ in range(100):
+            time.sleep(0.2)
+            with api_app.state.session_factory() as s, s.begin():
+                found = s.execute(
+                    update(StackOperation)
+                    .where(StackOperation.status == "queued")
+                    .values(status="failed", error_code="not_exact", error_message="rank too small")
+                )
+                if found.rowcount:
+                    return
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    status, out, err = blade(
+        ready.tenant.admin, "compact", ready.base_model, "--reason", "r", "--wait", "--json"
+    )
+    thread.join()
+    assert status == 1 and json.loads(out)["status"] == "failed", (out, err)

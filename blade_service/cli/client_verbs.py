@@ -126,6 +126,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("base_model")
     p.add_argument("--reason", required=True)
     p.add_argument("--rank", type=int, default=None)
+    p.add_argument("--wait", action="store_true", help="poll until the compaction ends; exit 1 if it failed")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds --wait waits at most")
 
     p = _verb(subparsers, "export", run_export, "the effective model as one adapter or merged weights")
     p.add_argument("base_model")
@@ -621,8 +623,19 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def run_compact(args: argparse.Namespace) -> int:
-    _show(args, _call(args, lambda c: c.compact(args.base_model, args.reason, rank=args.rank)))
-    return 0
+    def go(client: Any) -> dict[str, Any]:
+        op: dict[str, Any] = client.compact(args.base_model, args.reason, rank=args.rank)
+        deadline = time.monotonic() + args.timeout
+        while args.wait and op.get("status") in ("queued", "running"):
+            if time.monotonic() > deadline:
+                raise CliError(f"compaction {op['id']} still {op['status']} after {args.timeout:g} s")
+            time.sleep(1.0)
+            op = client.stack_operation(op["id"])
+        return op
+
+    op = _call(args, go)
+    _show(args, op)
+    return 1 if args.wait and op.get("status") == "failed" else 0
 
 
 def run_export(args: argparse.Namespace) -> int:
