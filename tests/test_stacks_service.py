@@ -172,6 +172,11 @@ def test_rejected_adapter_is_stored_disabled_and_an_override_is_recorded(world):
         ).one()
     assert gate["failed"] == ["min_retain_prob_ratio"] and gate["override"]["reason"] == "reviewed by the DPO"
     assert entry.data["policy_override"] is True and entry.reason == "reviewed by the DPO"
+    from blade_service.api.dashboard import queries
+
+    with world.factory() as s:  # `rejected` still, but live: the dashboard's lists say so
+        (row,) = [r for r in queries.list_requests(s, tenant_id=world.tenant_id) if r["id"] == request_id]
+    assert row["status"] == "rejected" and row["overridden"] and not row["rolled_back"]
 
 
 # --- HTTP: policy, compaction guards, dashboard ------------------------------------------------------------

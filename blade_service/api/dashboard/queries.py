@@ -7,6 +7,7 @@ dashboard has exactly the permissions of the key it signed in with.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -52,6 +53,8 @@ def request_summary(r: UnlearnRequest) -> dict[str, Any]:
         "progress": progress,
         "run_status": r.run_status,
         "converged": converged(r.run_status, method=r.method, params=r.params),
+        # held back by the policy gate, then enabled by an admin: live although `rejected`
+        "overridden": bool((r.gate or {}).get("override")),
         "error_code": r.error_code,
         "error_message": r.error_message,
         "attempts": r.attempts,
@@ -178,7 +181,7 @@ def overview(
         "waiting_by_model": waiting,
         "workers": workers,
         "workers_alive": sum(1 for w in workers if w["alive"]),
-        "recent": [request_summary(r) for r in recent],
+        "recent": summaries(session, recent),
         "failures": [request_summary(r) for r in failures],
     }
 
@@ -198,7 +201,22 @@ def list_requests(
         base_model=base_model,
         limit=limit,
     )
-    return [request_summary(r) for r in found]
+    return summaries(session, found)
+
+
+def summaries(session: Session, found: Sequence[UnlearnRequest]) -> list[dict[str, Any]]:
+    """`request_summary` of each, with `rolled_back`: its adapter's change is in the effective model no
+    longer (disabled, and no compaction or retrain carries it). One stack read per base model."""
+    stacks = {r.base_model_id: registry.list_stack(session, r.base_model) for r in found if r.adapter}
+    out = []
+    for r in found:
+        summary = request_summary(r)
+        adapter = r.adapter
+        summary["rolled_back"] = adapter is not None and not registry.change_in_effect(
+            stacks[r.base_model_id], adapter
+        )
+        out.append(summary)
+    return out
 
 
 def get_request(session: Session, *, tenant_id: str, request_id: str) -> UnlearnRequest | None:
@@ -229,6 +247,7 @@ def request_detail(session: Session, *, tenant_id: str, request_id: str) -> dict
             "sha256": r.adapter.sha256,
             "change_in_effect": registry.change_in_effect(stack, r.adapter),  # a compaction may carry it
         }
+        out["rolled_back"] = not out["adapter"]["change_in_effect"]
     out["audit"] = label_actors(
         session,
         [
