@@ -181,7 +181,8 @@ def enqueued(service_redis) -> Callable[[], list[str]]:
             for raw in reversed(client.lrange(queue, 0, -1)):  # LPUSHed: oldest last
                 message = json.loads(raw)
                 _, kwargs, _ = json.loads(base64.b64decode(message["body"]))
-                found.append(kwargs["request_id"])
+                if "request_id" in kwargs:  # the queue also carries compactions (`operation_id`)
+                    found.append(kwargs["request_id"])
         return found
 
     return ids
