@@ -358,6 +358,23 @@ def test_a_tasks_return_value_never_reaches_the_log():
     logged = stream.getvalue()
     assert "succeeded in" in logged and "(not logged)" in logged, logged
     assert "Bryria" not in logged and "Teimo" not in logged
+    # the worker's "received" line carries the task's arguments, a generate task's prompt among them
+    from celery.app import trace
+
+    stream.truncate(0)
+    configure_logging(service="test", level="INFO", stream=stream)
+    try:
+        context = {
+            "id": "1",
+            "name": "blade.generate",
+            "args": "()",
+            "kwargs": "{'prompt': 'Where was Teimo born?'}",
+        }
+        logging.getLogger("celery.worker.strategy").info(trace.LOG_RECEIVED, context, extra={"data": context})
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+    assert "received" in stream.getvalue() and "Teimo" not in stream.getvalue(), stream.getvalue()
 
 
 def test_celery_publish_puts_the_ids_in_task_headers():

@@ -68,17 +68,22 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=repr, ensure_ascii=False)
 
 
-class TaskResultsUnlogged(logging.Filter):
-    """Celery logs every task's return value at INFO ("Task blade.generate[...] succeeded in 0.4s: {...}").
-    A generate task's is the prompt and the model's answer: personal data, kept in a log that outlives the
-    forget data's purge. The line stays; the value is dropped."""
+class TaskDataUnlogged(logging.Filter):
+    """Celery logs every task's arguments when it is received and its return value when it succeeds, at
+    INFO ("Task blade.generate[...] received", "... succeeded in 0.4s: {...}"). A generate task's are the
+    prompt and the model's answer: personal data, kept in a log that outlives the forget data's purge. The
+    lines stay; those values are dropped, from the message's arguments and from `data`, the extra that
+    Celery attaches."""
+
+    HIDDEN = ("args", "kwargs", "return_value")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.name == "celery.app.trace":  # the value is in the message's args and in `data`, an extra
+        if record.name.startswith("celery."):
             for attribute in ("args", "data"):
                 context = getattr(record, attribute, None)
-                if isinstance(context, dict) and "return_value" in context:
-                    setattr(record, attribute, {**context, "return_value": "(not logged)"})
+                if isinstance(context, dict) and any(k in context for k in self.HIDDEN):
+                    hidden = {k: "(not logged)" for k in self.HIDDEN if k in context}
+                    setattr(record, attribute, {**context, **hidden})
         return True
 
 
@@ -90,7 +95,7 @@ def configure_logging(*, service: str, level: str | int = "INFO", stream: IO[str
             root.removeHandler(handler)
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter(service))
-    handler.addFilter(TaskResultsUnlogged())
+    handler.addFilter(TaskDataUnlogged())
     handler._blade_json = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(level if isinstance(level, int) else level.upper())
