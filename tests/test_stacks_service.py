@@ -123,6 +123,7 @@ def test_compacted_version_replaces_the_stack_and_stays_restorable(world):
         ).id
     stack = {a: (version, state, stale) for a, version, state, stale in world.stack()}
     assert stack[a1][1] == stack[a2][1] == "disabled" and stack[c3][1] == "active"
+    assert not stack[a1][2] and not stack[a2][2]  # their compaction carries them: nothing below is missing
     assert not stack[c3][2] and not stack[late][2]  # trained on v1+v2 = what v3 stands for: not stale
     with world.factory() as s:
         reasons = {a.id: a.state_reason for a in registry.list_stack(s, world.model)}

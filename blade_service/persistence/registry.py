@@ -79,14 +79,20 @@ def stale_flags(stack: list[AdapterVersion]) -> dict[str, bool]:
     """adapter id -> trained_on_stale, for a whole stack as `list_stack` returns it.
 
     A compacted version stands for the versions it contains: an adapter trained on v1..v3 is not stale on a
-    stack where their compaction v4 is active instead.
+    stack where their compaction v4 is active instead, and v1..v3 themselves are not (v4 carries them).
     """
     contains = {a.id: list((a.lineage or {}).get("contains", [])) for a in stack if a.kind == COMPACTION_KIND}
+    carried = {
+        i
+        for a in stack
+        if a.id in contains and a.state == AdapterState.ACTIVE
+        for i in (*contains[a.id], *_expand(contains[a.id], contains))
+    }
     flags: dict[str, bool] = {}
     active_below: list[str] = []
     for adapter in stack:
         parents = _expand(list(adapter.parent_stack or []), contains)
-        flags[adapter.id] = parents != _expand(active_below, contains)
+        flags[adapter.id] = adapter.id not in carried and parents != _expand(active_below, contains)
         if adapter.state == AdapterState.ACTIVE:
             active_below = [*active_below, adapter.id]
     return flags
