@@ -254,6 +254,7 @@ def test_download_extracts_the_peft_dir(api_client, api_app, ready, blade, tmp_p
     assert status == 0
     got = tmp_path / "got"
     assert sorted(p.name for p in got.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert all(p.stat().st_mtime > 1_577_836_800 for p in got.iterdir())  # after 2020, not the archive's 1970
     request_id = json.loads((got / "adapter_config.json").read_text())["request"]
     assert (got / "adapter_model.safetensors").read_bytes() == (
         tmp_path / request_id / "adapter_model.safetensors"

@@ -15,7 +15,9 @@ Every non-2xx answer raises `ApiError` with the server's `{error: {code, message
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import shutil
 import tarfile
 import tempfile
@@ -124,6 +126,9 @@ class BladeClient:
             dest.mkdir(parents=True, exist_ok=True)
             with tarfile.open(archive, "r:*") as tar:
                 tar.extractall(dest, filter="data")  # no absolute paths, links out of dest or devices
+                for member in tar.getmembers():  # archives are built with mtime 0 (the same bytes each time):
+                    with contextlib.suppress(OSError):  # the files read as downloaded now, not 1970
+                        os.utime(dest / member.name)
             return dest
         finally:
             archive.unlink(missing_ok=True)
