@@ -15,6 +15,7 @@ cover every route, present and future, so no handler needs its own patch:
 from __future__ import annotations
 
 import email.message
+import functools
 import json
 import math
 import types
@@ -122,6 +123,9 @@ async def check_declared_params(request: Request) -> None:  # pure CPU: no threa
                 )
 
 
+@functools.lru_cache(
+    maxsize=256
+)  # asked twice per request (BodySizeLimit, check_json_body); few distinct values
 def parsed_as_json(content_type: str) -> bool:
     """Whether FastAPI reads a body of this Content-Type as JSON (fastapi.routing): `application/json` or
     `application/*+json` in any letter case, with any parameters, or no Content-Type at all."""

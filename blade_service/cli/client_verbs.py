@@ -15,10 +15,11 @@ Lists page through every cursor page; output is a table (or `--json`). Examples:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -375,10 +376,7 @@ def run_submit(args: argparse.Namespace) -> int:
     params = _parse_sets(args.set, args.method or "blade")  # its errors come before anything is uploaded
 
     def go(client: Any) -> dict[str, Any]:
-        from blade_service.client import ApiError
-
-        uploaded: list[str] = []
-        try:
+        with _uploads_kept_if_accepted(client) as uploaded:
             req = client.submit(
                 args.base_model,
                 _dataset_ref(client, args.forget, uploaded),
@@ -389,10 +387,6 @@ def run_submit(args: argparse.Namespace) -> int:
                 idempotency_key=args.idempotency_key,
                 preset=args.preset,
             )
-        except ApiError as exc:
-            if exc.status < 500:  # refused for good: no request holds what this call uploaded
-                _discard_uploads(client, uploaded)
-            raise
         if not args.wait:
             _show(args, req)
             return req
@@ -402,9 +396,23 @@ def run_submit(args: argparse.Namespace) -> int:
     return _exit_code(_call(args, go))
 
 
+@contextlib.contextmanager
+def _uploads_kept_if_accepted(client: Any) -> Iterator[list[str]]:
+    """The ids of the datasets a call uploads (the block appends them); when the API refuses the call (4xx),
+    they are deleted: no request names them, so no retention rule would ever purge that forget data."""
+    from blade_service.client import ApiError
+
+    uploaded: list[str] = []
+    try:
+        yield uploaded
+    except ApiError as exc:
+        if exc.status < 500:  # refused for good (a 5xx may have been accepted after all)
+            _discard_uploads(client, uploaded)
+        raise
+
+
 def _discard_uploads(client: Any, dataset_ids: list[str]) -> None:
-    """Delete the datasets a refused submission uploaded: no request names them, so no retention rule would
-    ever purge that forget data."""
+    """Delete `dataset_ids`, naming what was deleted and what could not be."""
     deleted = []
     for dataset_id in dataset_ids:
         try:
@@ -585,16 +593,10 @@ def run_rollback(args: argparse.Namespace) -> int:
 
 def run_retrain(args: argparse.Namespace) -> int:
     def go(client: Any) -> dict[str, Any]:
-        from blade_service.client import ApiError
-
-        uploaded: list[str] = []
-        try:
+        with _uploads_kept_if_accepted(client) as uploaded:
             forget = _dataset_ref(client, args.forget, uploaded) if args.forget else None
-            return client.retrain(args.adapter_id, args.reason, forget_dataset=forget)
-        except ApiError as exc:
-            if exc.status < 500:  # refused: no request holds the forget data this call uploaded
-                _discard_uploads(client, uploaded)
-            raise
+            result: dict[str, Any] = client.retrain(args.adapter_id, args.reason, forget_dataset=forget)
+        return result
 
     _show(args, _call(args, go))
     return 0

@@ -182,21 +182,25 @@ def train(
         raise TaskFailure("invalid_request", str(exc)) from exc
 
 
+def _run_info(adapter_dir: Path) -> dict[str, Any]:
+    """The engine's run.json in `adapter_dir` ({} when it is missing or unreadable)."""
+    try:
+        info = json.loads((adapter_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
 def _config_value(adapter_dir: Path, name: str) -> Any:
     """A config value the engine ran with, from its run.json (learning rates after the LR rule)."""
-    try:
-        return json.loads((adapter_dir / "run.json").read_text())["config"][name]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    config = _run_info(adapter_dir).get("config")
+    return config.get(name) if isinstance(config, dict) else None
 
 
 def run_notes(adapter_dir: Path) -> dict[str, Any]:
     """What the engine's run.json says about learning rates and forgetting, for the adapter's hyperparameters:
     the LR rule used (blade_core/lr_scale.py) and any warnings (blade_core/forget_check.py)."""
-    try:
-        info = json.loads((adapter_dir / "run.json").read_text())
-    except (OSError, ValueError):
-        return {}
+    info = _run_info(adapter_dir)
     return {k: info[k] for k in ("lr_rule", "forget_prob", "warnings") if info.get(k)}
 
 

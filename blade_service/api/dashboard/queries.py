@@ -207,7 +207,8 @@ def list_requests(
 def summaries(session: Session, found: Sequence[UnlearnRequest]) -> list[dict[str, Any]]:
     """`request_summary` of each, with `rolled_back`: its adapter's change is in the effective model no
     longer (disabled, and no compaction or retrain carries it). One stack read per base model."""
-    stacks = {r.base_model_id: registry.list_stack(session, r.base_model) for r in found if r.adapter}
+    models = {r.base_model_id: r.base_model for r in found if r.adapter}
+    stacks = {model_id: registry.list_stack(session, model) for model_id, model in models.items()}
     out = []
     for r in found:
         summary = request_summary(r)
