@@ -106,3 +106,14 @@ def test_off_a_terminal_the_hub_and_transformers_draw_no_bars():
     show = _cli_running("print(os.environ.get('HF_HUB_DISABLE_PROGRESS_BARS'))")
     done = subprocess.run(show, capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "1", done.stderr  # its stderr is a pipe
+
+
+def test_a_converged_request_reads_as_converged_not_as_short_of_its_cap():
+    """'38/250' read as a run stopped early; the cap is only a bound once the convergence stop ended it."""
+    progress = {"step": 38, "total_steps": 250, "fraction": 1.0}
+    assert display.progress_text({"progress": progress, "converged": True}) == "step 38, converged (cap 250)"
+    assert display.progress_text({"progress": progress, "converged": None}) == "step 38/250 (100.0%)"
+    running = {"step": 12, "total_steps": 250, "fraction": 0.048, "eta_seconds": 126}
+    assert (
+        display.progress_text({"progress": running, "converged": None}) == "step 12/250 (4.8%) · ETA 2.1 min"
+    )

@@ -119,9 +119,12 @@ def _print_lines(console: Console, lines: Sequence[Sequence[str]], title: str | 
 
 
 def progress_text(state: Mapping[str, Any]) -> str:
-    """'step 12/250 (4.8%) · ETA 2.1 min' from a request's `progress`."""
+    """'step 12/250 (4.8%) · ETA 2.1 min' from a request's `progress`; 'step 38, converged (cap 250)' once
+    its convergence stop ended it (the cap is then no total it fell short of)."""
     p = state.get("progress") or {}
     step, total = p.get("step", 0), p.get("total_steps")
+    if state.get("converged"):
+        return f"step {step}, converged" + (f" (cap {total})" if total else "")
     text = f"step {step}/{total}" if total else f"step {step}"
     if p.get("fraction") is not None and total:
         text += f" ({100 * p['fraction']:.1f}%)"
@@ -221,7 +224,7 @@ def print_summary(console: Console, state: Mapping[str, Any], metrics: Mapping[s
         "request": state.get("id"),
         "status": state.get("status"),
         "run": state.get("run_status"),
-        "steps": progress_text({"progress": state.get("progress")}),
+        "steps": progress_text({"progress": state.get("progress"), "converged": state.get("converged")}),
         "adapter": state.get("adapter_id"),
     }
     if state.get("error"):

@@ -173,7 +173,10 @@
     bar.className = "progress large " + st;
     bar.firstElementChild.style.width = (frac * 100).toFixed(1) + "%";
     const eta = num(p.eta_seconds);
-    document.getElementById("progress-text").textContent = (total ? `step ${step} of ${total}` : `step ${step}`)
+    const where = d.converged === true
+      ? `step ${step}, converged` + (total ? ` (cap ${total})` : "")  // the cap is no total it fell short of
+      : (total ? `step ${step} of ${total}` : `step ${step}`);
+    document.getElementById("progress-text").textContent = where
       + (eta !== null && st === "running" ? ` · ETA ${duration(eta)}` : "");
     const badge = document.querySelector("#status-badge .badge");
     if (badge) { badge.className = "badge " + st; badge.textContent = st; }
