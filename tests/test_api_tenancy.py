@@ -124,6 +124,32 @@ def test_shared_base_models_are_visible_to_everyone(api_client, tenant, make_key
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "name"
 
 
+def test_base_model_names_are_per_tenant(api_client, tenant, make_key, admin_key):
+    """Two tenants may each hold a private model of one name: neither is told the other's exists, each
+    name resolves to the caller's own, and a name stays unique among what one tenant sees."""
+    other = make_key(f"t-{uuid.uuid4().hex[:8]}", ["admin"])
+    name = register_model(api_client, tenant.admin)
+    assert register_model(api_client, other, name) == name  # no 409 that would reveal the first
+    mine, theirs = (
+        api_client.get(f"/base-models/{name}", headers=headers(k)).json() for k in (tenant.admin, other)
+    )
+    assert mine["id"] != theirs["id"] and not mine["shared"] and not theirs["shared"]
+    listed = api_client.get("/base-models", headers=headers(other)).json()["items"]
+    assert [m["id"] for m in listed if m["name"] == name] == [theirs["id"]]
+
+    def register(body: dict) -> dict:
+        resp = api_client.post("/base-models", headers=headers(admin_key), json={"source": "/m", **body})
+        assert resp.status_code == 409 and resp.json()["error"]["code"] == "base_model_exists", resp.text
+        return resp.json()["error"]
+
+    assert "of this tenant" in register({"name": name, "tenant": tenant.name})["message"]
+    # A shared name must be free everywhere (every tenant would see it beside its own); only the operator
+    # registers shared models, so only the operator hears that some tenant holds the name.
+    assert "another tenant" in register({"name": name, "shared": True})["message"]
+    shared = register_model(api_client, tenant.admin, shared=True)
+    assert "a shared model" in register({"name": shared, "tenant": tenant.name})["message"]
+
+
 def test_only_the_operator_registers_sources_on_the_workers_or_for_another_tenant(
     api_client, tenant, admin_key, make_key, tmp_path
 ):

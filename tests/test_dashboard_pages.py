@@ -86,7 +86,9 @@ def test_pages_render_for_a_tenant_and_hide_other_tenants(api_client, ready, mak
     ):
         assert client.get(f"/dashboard/static/{asset}").status_code == 200, asset
 
+    assert ready.base_model in client.get("/dashboard").text  # its queued request, by base model
     stranger = signed_in(api_client, make_key("another-tenant", ["admin"]))
+    assert ready.base_model not in stranger.get("/dashboard").text  # not even the private model's name
     assert stranger.get(f"/dashboard/requests/{rid}").status_code == 404
     assert stranger.get(f"/dashboard/models/{ready.base_model}").status_code == 404
     assert rid not in stranger.get("/dashboard/requests").text

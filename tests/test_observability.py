@@ -137,7 +137,10 @@ def test_metrics_follow_a_request_through_its_life(api_client, api_app, ready):
     assert value(done, "blade_unlearn_requests", state="succeeded", method="blade") == succeeded0 + 1
     assert value(done, "blade_unlearn_requests", state="queued", method="blade") == queued0
     assert all(value(done, name) is None for name in NOT_FROM_THE_API)
-    assert value(done, "blade_adapters", base_model=ready.base_model, state="active") == 1
+    assert (
+        value(done, "blade_adapters", base_model=ready.base_model, tenant=ready.tenant.name, state="active")
+        == 1
+    )
     assert value(done, "blade_worker_running", worker=worker) == 0
     assert value(done, "blade_database_up") == 1
 

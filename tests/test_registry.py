@@ -230,3 +230,21 @@ def test_worker_view_of_a_request(world):
     assert world.storage.exists(item.retain.storage_key) and item.queue_seq >= 1
     with pytest.raises(NotFound), world.factory() as s:
         requests.load_work_item(s, request_id="req_missing")
+
+
+def test_a_name_two_tenants_hold_names_no_single_model(world):
+    """Names are per tenant, so the worker's tasks name a base model by id; a bare name finds a model only
+    while one model has it."""
+    from blade_service.worker.artifacts import task_base_model
+
+    with world.factory() as s, s.begin():
+        other = auth.get_or_create_tenant(s, name=f"reg-{uuid.uuid4().hex[:8]}").id
+        mine = base_models.get_visible(s, name=world.model, tenant_id=world.tenant_id)
+        assert task_base_model(s, base_model_id=None, base_model=world.model) is mine  # one model: found
+        theirs = base_models.register(s, name=world.model, source="/theirs", tenant_id=other, actor="test")
+        assert base_models.get_visible(s, name=world.model, tenant_id=other) is theirs
+        assert base_models.get_visible(s, name=world.model, tenant_id=world.tenant_id) is mine
+        assert task_base_model(s, base_model_id=theirs.id, base_model=world.model) is theirs
+        assert task_base_model(s, base_model_id=None, base_model=world.model) is None
+        with pytest.raises(NotFound, match="ambiguous"):
+            registry.list_stack(s, world.model)

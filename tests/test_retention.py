@@ -1,7 +1,8 @@
 """The forget data does not outlive its request (blade_service/persistence/retention.py) on the real
 PostgreSQL: `DELETE /datasets/{id}` (409 while a queued or running request uses it), the automatic purge after
 a success (default: at once) and after a failure (default: days later), per-model retention, what remains
-(sha256, row count, the certificate), every purge audited, and a purged dataset refused for a new request."""
+(sha256, row count, the certificate), every purge audited, a purged dataset refused for a new request, and a
+dataset nothing names purged days after its upload."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from blade_service.persistence import retention
 from blade_service.persistence.models import Dataset, UnlearnRequest
-from tests.fixtures_services import headers
+from tests.fixtures_services import ADMIN_SECRET, headers, qa_rows, upload_dataset
 from tests.test_certificates import run_to_success
 
 pytestmark = pytest.mark.services
@@ -145,3 +146,55 @@ def test_retention_validation_and_shared_models(api_client, ready, make_key):
         json={"success_s": 60, "failure_s": 60},
     )
     assert resp.status_code == 403
+
+
+def test_a_dataset_nothing_names_is_purged_days_after_its_upload(
+    api_client, api_app, ready, service_settings
+):
+    """Forget data uploaded for a request that was never made has no request whose end purges it: it goes
+    `unused_dataset_retention_s` after its upload. Whatever a request (forget, retain, probe) or a base
+    model's canary names stays."""
+    admin = headers(ready.tenant.admin)
+    unused = upload_dataset(api_client, ready.tenant.admin, qa_rows(2, "never-used"))["id"]
+    probe = upload_dataset(api_client, ready.tenant.admin, qa_rows(2, "probe"))["id"]
+    canary = upload_dataset(api_client, ready.tenant.admin, qa_rows(2, "canary"))["id"]
+    resp = api_client.post(
+        "/unlearn-requests", headers=admin, json=ready.body(probe_datasets={"retain_qa": probe})
+    )
+    assert resp.status_code == 202, resp.text
+    tenant = api_client.get("/me", headers=admin).json()["tenant"]
+    body = {
+        "name": f"canary-{unused[-8:]}",
+        "source": "/models/x",
+        "tenant": tenant,
+        "canary_dataset": canary,
+    }
+    resp = api_client.post("/base-models", headers=headers(ADMIN_SECRET), json=body)
+    assert resp.status_code == 201, resp.text
+    everything = (unused, probe, canary, ready.forget, ready.retain)
+
+    def purge(settings=service_settings) -> list[str]:
+        with api_app.state.session_factory() as session, session.begin():
+            purged = retention.purge_due(session, api_app.state.storage, settings=settings)
+        return [i for i in purged if i in everything]
+
+    def age(days: int) -> None:
+        with api_app.state.session_factory() as session, session.begin():
+            for dataset_id in everything:
+                dataset = session.get(Dataset, dataset_id)
+                dataset.created_at = dataset.created_at - timedelta(days=days)
+
+    age(6)  # within the default 7 days
+    assert purge() == [] and _stored(api_app, unused)
+    age(2)
+    keep = service_settings.model_copy(update={"unused_dataset_retention_s": 0})
+    assert purge(keep) == [] and _stored(api_app, unused)  # 0 keeps them
+    assert purge() == [unused] and not _stored(api_app, unused)
+    assert all(_stored(api_app, i) for i in everything if i != unused)
+    gone = api_client.get(f"/datasets/{unused}", headers=admin).json()
+    assert gone["purged_at"] and gone["rows"] == 2
+    entry = [e for e in _audit(api_client, ready.tenant.admin, "dataset.purge") if e["subject_id"] == unused]
+    assert len(entry) == 1 and entry[0]["actor"] == "system"
+    assert entry[0]["reason"] == "unused: nothing named it within 7 days of its upload"
+    resp = api_client.post("/unlearn-requests", headers=admin, json=ready.body(forget_dataset=unused))
+    assert resp.status_code == 409 and resp.json()["error"]["code"] == "dataset_purged", resp.text

@@ -73,12 +73,13 @@ def enqueue_compact(operation_id: str) -> bool:
 
 
 def export(
-    base_model: str, fmt: str, timeout: float = 600.0, accept_timeout: float | None = None
+    base_model_id: str, fmt: str, timeout: float = 600.0, accept_timeout: float | None = None
 ) -> dict[str, Any]:
-    """Have a worker archive the effective model of `base_model` (`fmt` adapter or merged) in storage;
+    """Have a worker archive the effective model of the base model (`fmt` adapter or merged) in storage;
     {key, sha256, size, stack, format}. Raises GenerateTimeout / DispatchError as `generate` does: when no
     worker takes the task within `accept_timeout` (it then expires unprocessed) or ends it in `timeout`."""
-    return _call(TaskName.EXPORT.value, {"base_model": base_model, "fmt": fmt}, timeout, accept_timeout)
+    kwargs = {"base_model_id": base_model_id, "fmt": fmt}
+    return _call(TaskName.EXPORT.value, kwargs, timeout, accept_timeout)
 
 
 def _call(
@@ -136,20 +137,24 @@ class Completion(NamedTuple):
 
 
 def generate(
-    base_model: str,
+    base_model_id: str,
     prompt: str,
     max_new_tokens: int = 64,
     timeout: float = 60.0,
     *,
     as_question: bool = False,
 ) -> Completion:
-    """Greedy completion of `prompt` by `base_model` plus its active adapter stack, computed on a worker;
+    """Greedy completion of `prompt` by the base model plus its active adapter stack, computed on a worker;
     with `as_question`, `prompt` is a question the worker formats as the model's QA rows are formatted.
 
     Waits at most `timeout` seconds: raises GenerateTimeout when no worker answered in time (the message
     expires unprocessed), DispatchError when the broker is unreachable or the worker failed.
     """
-    kwargs: dict[str, Any] = {"base_model": base_model, "prompt": prompt, "max_new_tokens": max_new_tokens}
+    kwargs: dict[str, Any] = {
+        "base_model_id": base_model_id,
+        "prompt": prompt,
+        "max_new_tokens": max_new_tokens,
+    }
     if as_question:  # only then: a worker deployed before questions still serves raw prompts
         kwargs["as_question"] = True
     try:

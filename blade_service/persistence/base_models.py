@@ -1,4 +1,5 @@
-"""Registered base models. A tenant sees the shared ones (`tenant_id` NULL) and its own; names are unique."""
+"""Registered base models. A tenant sees the shared ones (`tenant_id` NULL) and its own, and a name is unique
+among those: two tenants may each hold a private model of one name, and neither learns of the other's."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import ColumnElement, or_, select
+from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session
 
 from blade_service.persistence import audit
@@ -19,6 +20,7 @@ from blade_service.persistence.models import BaseModel
 # Checked with fullmatch: a `$` anchor also matches before a final newline, which then reached file names
 # and Content-Disposition headers.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_NAME_LOCK = 727274  # pg_advisory_xact_lock(key, hashtext(name)): registrations of one name take turns
 
 
 def owner_for(
@@ -78,8 +80,7 @@ def register(
         )
     if not (source or "").strip():
         raise Invalid("source: must be a non-empty string", field="source")
-    if session.scalars(select(BaseModel.id).where(BaseModel.name == name)).first():
-        raise Conflict(f"a base model named {name!r} already exists", code="base_model_exists")
+    _check_name_free(session, name=name, tenant_id=tenant_id)
 
     rules = policy_rules.parse(policy) if policy is not None else None
     canary = policy_rules.check_canary(
@@ -116,9 +117,33 @@ def register(
     return model
 
 
+def _check_name_free(session: Session, *, name: str, tenant_id: str | None) -> None:
+    """Conflict when the name is taken among what the owner's tenant sees (a shared name: among every
+    tenant's, since every tenant sees a shared model). Only the operator registers shared models, so only it
+    learns that some tenant holds a name."""
+    if session.get_bind().dialect.name == "postgresql":  # SQLite runs one writer at a time
+        session.execute(select(func.pg_advisory_xact_lock(_NAME_LOCK, func.hashtext(name))))
+    taken = select(BaseModel.tenant_id).where(BaseModel.name == name)
+    if tenant_id is not None:
+        taken = taken.where(_visible(tenant_id))
+    holders = set(session.scalars(taken))
+    if not holders:
+        return
+    if tenant_id is None and holders != {None}:
+        raise Conflict(
+            f"a base model named {name!r} exists in another tenant; a shared model's name must be free in "
+            "every tenant",
+            code="base_model_exists",
+        )
+    whose = "a shared model" if None in holders else "a base model of this tenant"
+    raise Conflict(f"{whose} is already named {name!r}", code="base_model_exists")
+
+
 def ensure_registered(session: Session, *, name: str, source: str, actor: str = "system") -> BaseModel:
     """The shared base model `name`, registered now if missing (used by `blade up` for demo-tiny)."""
-    model = session.scalars(select(BaseModel).where(BaseModel.name == name)).one_or_none()
+    model = session.scalars(
+        select(BaseModel).where(BaseModel.name == name, BaseModel.tenant_id.is_(None))
+    ).one_or_none()
     return model or register(session, name=name, source=source, tenant_id=None, actor=actor)
 
 

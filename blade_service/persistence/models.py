@@ -6,7 +6,8 @@ reused, even after a row is gone. Timestamps are timezone-aware UTC on every bac
 What each table is for:
 - `Tenant`, `ApiKey`: who is calling. Keys are stored as sha256 only; scopes are `submit`, `read`, `admin`.
 - `Dataset`: an uploaded forget/retain file (validated, content-addressed by sha256, bytes in storage).
-- `BaseModel`: a registered base model, by unique name; `tenant_id` NULL means shared by every tenant.
+- `BaseModel`: a registered base model; `tenant_id` NULL means shared by every tenant. A name is unique among
+  what one tenant sees: its own models and the shared ones (a tenant's name says nothing of other tenants').
 - `UnlearnRequest`: one deletion request and its whole life (status, progress, lease, metrics, error).
   `queue_seq` numbers the requests of one base model 1, 2, 3… in submission order: the worker runs them in
   that order, one at a time. `lease_owner`/`lease_expires_at`/`heartbeat_at` keep two workers from running
@@ -211,9 +212,21 @@ class Dataset(Base):
 
 class BaseModel(Base):
     __tablename__ = "base_models"
+    # Migration 0008: names per tenant. Unique among a tenant's own and among the shared ones; that a private
+    # name never equals a shared one is `base_models.register`'s check, under a lock on the name.
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "name"),
+        Index(
+            "uq_base_models_shared_name",
+            "name",
+            unique=True,
+            postgresql_where=text("tenant_id IS NULL"),
+            sqlite_where=text("tenant_id IS NULL"),
+        ),
+    )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("bm"))
-    name: Mapped[str] = mapped_column(String(100), unique=True)
+    name: Mapped[str] = mapped_column(String(100))
     source: Mapped[str] = mapped_column(String(1024))  # a local model dir, a storage key, or a hub id
     tenant_id: Mapped[str | None] = mapped_column(ForeignKey("tenants.id"), index=True)  # None: shared
     description: Mapped[str | None] = mapped_column(Text)

@@ -45,10 +45,12 @@ def _lock_base_model(session: Session, base_model_id: str) -> BaseModel:
 def _base_model_id(session: Session, base_model: BaseModel | str) -> str:
     if isinstance(base_model, BaseModel):
         return base_model.id
-    found = session.scalar(select(BaseModel.id).where(BaseModel.name == base_model))
-    if found is None:
-        raise NotFound(f"no base model {base_model!r}")
-    return found
+    found = session.scalars(select(BaseModel.id).where(BaseModel.name == base_model).limit(2)).all()
+    if len(found) != 1:  # names are per tenant: one that two tenants hold names no single model
+        raise NotFound(
+            f"no base model {base_model!r}" if not found else f"base model {base_model!r}: ambiguous"
+        )
+    return found[0]
 
 
 def list_stack(session: Session, base_model: BaseModel | str) -> list[AdapterVersion]:
@@ -63,7 +65,8 @@ def list_stack(session: Session, base_model: BaseModel | str) -> list[AdapterVer
 
 
 def effective_stack(session: Session, base_model: BaseModel | str) -> list[AdapterVersion]:
-    """The active adapters of the base model (a BaseModel or its name), in the order they apply."""
+    """The active adapters of the base model (a BaseModel, or a name only one model has), in the order
+    they apply."""
     return [a for a in list_stack(session, base_model) if a.state == AdapterState.ACTIVE]
 
 

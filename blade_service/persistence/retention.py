@@ -7,8 +7,11 @@ else the settings' defaults (`BLADE_FORGET_RETENTION_SUCCESS_S`, `BLADE_FORGET_R
 longer retention is the operator's explicit choice. The worker purges right after a request ends (its local
 copies and checkpoints go with its scratch dir); the maintenance worker's periodic pass catches the rest (a
 request cancelled while queued, a retention that ran out later). `DELETE /datasets/{id}` purges any dataset
-of the tenant's at once, refused with 409 while a queued or running request uses it. What remains of a purged
-dataset is its row: name, sha256, row count, size, and `purged_at`; every purge is audited as `dataset.purge`.
+of the tenant's at once, refused with 409 while a queued or running request uses it. A dataset nothing
+names (no request as forget, retain or probe data, no base model as its canary) is purged
+`unused_dataset_retention_s` after its upload (default 7 days; 0 keeps it): forget data uploaded for a request
+that was never made has no request whose end would purge it. What remains of a purged dataset is its row:
+name, sha256, row count, size, and `purged_at`; every purge is audited as `dataset.purge`.
 
     purge_due(session, storage, settings=settings)          # -> ids purged now
 """
@@ -18,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select
+from sqlalchemy import ColumnElement, Text, cast, exists, or_, select
 from sqlalchemy.orm import Session
 
 from blade_service.persistence import audit
@@ -42,6 +45,56 @@ def retention_s(base_model: BaseModel, settings: Settings, *, status: RequestSta
         return settings.forget_retention_success_s if own is None else own
     own = base_model.forget_retention_failure_s
     return settings.forget_retention_failure_s if own is None else own
+
+
+def _named(dataset_id: object) -> list[ColumnElement[bool]]:
+    """What names a dataset as a column can: a request's forget or retain data, a base model's canary."""
+    return [
+        exists().where(
+            or_(
+                UnlearnRequest.forget_dataset_id == dataset_id, UnlearnRequest.retain_dataset_id == dataset_id
+            )
+        ),
+        exists().where(BaseModel.canary_dataset_id == dataset_id),
+    ]
+
+
+def _probe_ids(session: Session, *, dataset_id: str | None = None) -> set[str]:
+    """The dataset ids requests name in `params.probe_datasets` (only `dataset_id`, when given): JSON, so
+    read back rather than joined; the text match only narrows the rows read."""
+    needle = dataset_id or "probe_datasets"
+    found: set[str] = set()
+    for params in session.scalars(
+        select(UnlearnRequest.params).where(cast(UnlearnRequest.params, Text).contains(needle))
+    ):
+        probes = (params or {}).get("probe_datasets") or {}
+        found.update(v for v in probes.values() if isinstance(v, str))
+    return found if dataset_id is None else found & {dataset_id}
+
+
+def unused_purge_due_at(session: Session, dataset: Dataset, *, settings: Settings) -> datetime | None:
+    """When an unnamed dataset's bytes go (`unused_dataset_retention_s` after its upload); None once
+    anything names it, or when unused datasets are kept."""
+    if not settings.unused_dataset_retention_s:
+        return None
+    if session.scalar(select(or_(*_named(dataset.id)))) or _probe_ids(session, dataset_id=dataset.id):
+        return None
+    return dataset.created_at + timedelta(seconds=settings.unused_dataset_retention_s)
+
+
+def _unused_candidates(session: Session, *, settings: Settings) -> list[str]:
+    """Unpurged datasets older than the unused retention that no column names (probes are checked after)."""
+    if not settings.unused_dataset_retention_s:
+        return []
+    cutoff = utcnow() - timedelta(seconds=settings.unused_dataset_retention_s)
+    ids = session.scalars(
+        select(Dataset.id)
+        .where(Dataset.purged_at.is_(None), Dataset.created_at <= cutoff)
+        .where(*(~named for named in _named(Dataset.id)))
+        .order_by(Dataset.created_at)
+    ).all()
+    probes = _probe_ids(session) if ids else set()
+    return [i for i in ids if i not in probes]
 
 
 def _users(session: Session, dataset_id: str) -> list[UnlearnRequest]:
@@ -135,6 +188,22 @@ def _purge_if_due(session: Session, storage: Storage, dataset: Dataset, *, setti
     )
 
 
+def _purge_if_unused(session: Session, storage: Storage, dataset: Dataset, *, settings: Settings) -> bool:
+    """Under the dataset's row lock: a submission naming it holds FOR SHARE, so it has committed (and is
+    seen here) or waits and then finds the dataset purged."""
+    due = unused_purge_due_at(session, dataset, settings=settings)
+    if due is None or due > utcnow():
+        return False
+    days = settings.unused_dataset_retention_s / 86400
+    return purge_dataset(
+        session,
+        storage,
+        dataset=dataset,
+        actor="system",
+        reason=f"unused: nothing named it within {days:g} days of its upload",
+    )
+
+
 def purge_for_request(session: Session, storage: Storage, *, request_id: str, settings: Settings) -> bool:
     """Right after a request ends: purge its forget dataset if its retention is already over."""
     request = session.get(UnlearnRequest, request_id)
@@ -145,25 +214,28 @@ def purge_for_request(session: Session, storage: Storage, *, request_id: str, se
 
 
 def purge_due(session: Session, storage: Storage, *, settings: Settings) -> list[str]:
-    """The periodic pass: purge every forget dataset whose retention is over; the ids purged.
+    """The periodic pass: purge every forget dataset whose retention is over and every unused dataset past
+    its own; the ids purged.
 
     A dataset whose bytes cannot be deleted now (the store is away) is left for the next pass.
     """
-    candidates: Iterable[Dataset] = session.scalars(
-        select(Dataset)
+    forget: Iterable[str] = session.scalars(
+        select(Dataset.id)
         .where(Dataset.purged_at.is_(None))
         .where(Dataset.id.in_(select(UnlearnRequest.forget_dataset_id)))
         .order_by(Dataset.created_at)
     ).all()
+    passes = [(_purge_if_due, forget), (_purge_if_unused, _unused_candidates(session, settings=settings))]
     purged = []
-    for candidate in candidates:
-        try:
-            with session.begin_nested():
-                dataset = session.get(Dataset, candidate.id, with_for_update=True, populate_existing=True)
-                if dataset is not None and _purge_if_due(session, storage, dataset, settings=settings):
-                    purged.append(dataset.id)
-        except StorageError:
-            continue
+    for purge_if, candidates in passes:
+        for candidate in candidates:
+            try:
+                with session.begin_nested():
+                    dataset = session.get(Dataset, candidate, with_for_update=True, populate_existing=True)
+                    if dataset is not None and purge_if(session, storage, dataset, settings=settings):
+                        purged.append(dataset.id)
+            except StorageError:
+                continue
     return purged
 
 

@@ -39,6 +39,9 @@ class Settings(BaseSettings):
     # (persistence/retention.py): gone right after a success; kept a few days after a failure for a retry.
     forget_retention_success_s: int = 0
     forget_retention_failure_s: int = 3 * 24 * 3600
+    # A dataset no request and no base model's canary names is purged this long after its upload: forget data
+    # uploaded for a request that was never made would otherwise stay forever. 0: kept until deleted.
+    unused_dataset_retention_s: int = Field(default=7 * 24 * 3600, ge=0)
     # Webhooks (persistence/webhooks.py): never to loopback addresses unless the operator allows it here.
     webhook_allow_loopback: bool = False
     webhook_retry_base_s: float = 10.0  # first retry after this; each further one waits twice as long

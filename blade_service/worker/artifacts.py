@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import re
 import shutil
 import socket
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+from sqlalchemy import select
 
 from blade_service.contracts.errors import BaseModelUnavailable
 from blade_service.persistence import hub, registry
@@ -21,6 +24,8 @@ from blade_service.persistence.models import AdapterVersion, BaseModel
 from blade_service.persistence.settings import Settings
 from blade_service.persistence.storage import Storage, extract_archive, sha256_file
 from blade_service.worker.errors import TaskFailure
+
+log = logging.getLogger("blade.worker")
 
 
 def adapter_key(*, base_model_id: str, request_id: str) -> str:
@@ -88,9 +93,10 @@ def resolve_base_model(storage: Storage, settings: Settings, source: str, revisi
     if path.is_dir():
         return str(path.resolve())
     if source.startswith(("/", "./", "../", "~")):
+        # The message reaches the tenant (a request's error, a 502); which host missed it is the operator's.
+        log.warning("base_model.missing_dir", extra={"source": source, "host": socket.gethostname()})
         raise TaskFailure(
-            "base_model_unavailable",
-            f"base model source {source!r} is not a directory on worker {socket.gethostname()}",
+            "base_model_unavailable", f"base model source {source!r} is not a directory on the workers"
         )
     with contextlib.suppress(ValueError):
         if storage.exists(source):
@@ -113,9 +119,17 @@ def _fetch_hub_model(source: str, revision: str | None) -> str:
         ref = hub.parse(source, revision)
         return str(fetch_hub_model(ref.repo_id, ref.revision))
     except (Invalid, BaseModelUnavailable) as exc:
-        raise TaskFailure(
-            "base_model_unavailable", f"base model {source!r} on worker {socket.gethostname()}: {exc}"
-        ) from exc
+        log.warning("base_model.fetch_failed", extra={"source": source, "host": socket.gethostname()})
+        raise TaskFailure("base_model_unavailable", f"base model {source!r}: {exc}") from exc
+
+
+def task_base_model(session: Any, *, base_model_id: str | None, base_model: str | None) -> BaseModel | None:
+    """The base model a generate or export task names: by id, or by a name only one model has (the form an
+    API from before per-tenant names sent)."""
+    if base_model_id:
+        return cast(BaseModel | None, session.get(BaseModel, base_model_id))
+    found = session.scalars(select(BaseModel).where(BaseModel.name == base_model).limit(2)).all()
+    return found[0] if len(found) == 1 else None
 
 
 def active_stack(session: Any, *, base_model_id: str) -> list[AdapterVersion]:

@@ -9,14 +9,11 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from sqlalchemy import select
-
 from blade_service.contracts.names import TaskName
 from blade_service.persistence.db import session_scope
-from blade_service.persistence.models import BaseModel
 from blade_service.persistence.settings import get_settings
 from blade_service.persistence.storage import get_storage
-from blade_service.worker.artifacts import active_stack, fetch_adapter, resolve_base_model
+from blade_service.worker.artifacts import active_stack, fetch_adapter, resolve_base_model, task_base_model
 from blade_service.worker.celery_app import app
 from blade_service.worker.process import free_accelerator
 
@@ -29,7 +26,12 @@ _MODEL_LOCK = threading.Lock()
 
 @app.task(name=TaskName.GENERATE.value, soft_time_limit=300, time_limit=360)
 def generate(
-    *, base_model: str, prompt: str, max_new_tokens: int = 64, as_question: bool = False
+    *,
+    prompt: str,
+    base_model_id: str | None = None,
+    base_model: str | None = None,
+    max_new_tokens: int = 64,
+    as_question: bool = False,
 ) -> dict[str, Any]:
     """Greedy completion by base + active stack; the model is cached per stack digest. With `as_question`,
     `prompt` is a question, asked the way training and evaluation ask it (`format_question`); the result's
@@ -38,9 +40,14 @@ def generate(
     try:
         storage = get_storage(settings)
         with session_scope(settings) as session:
-            base = session.scalars(select(BaseModel).where(BaseModel.name == base_model)).first()
+            base = task_base_model(session, base_model_id=base_model_id, base_model=base_model)
             if base is None:
-                return {"error": {"code": "not_found", "message": f"no base model named {base_model!r}"}}
+                return {
+                    "error": {
+                        "code": "not_found",
+                        "message": f"no base model {base_model_id or base_model!r}",
+                    }
+                }
             stack = [(a.id, a.storage_key, a.sha256) for a in active_stack(session, base_model_id=base.id)]
             source, revision = base.source, base.revision
         digest = hashlib.sha256("|".join([source, *(f"{i}:{s}" for i, _, s in stack)]).encode()).hexdigest()

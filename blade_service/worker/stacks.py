@@ -42,7 +42,13 @@ from blade_service.persistence.models import (
 )
 from blade_service.persistence.settings import Settings, get_settings
 from blade_service.persistence.storage import Storage, get_storage
-from blade_service.worker.artifacts import dataset_suffix, fetch_adapter, fetch_dataset, resolve_base_model
+from blade_service.worker.artifacts import (
+    dataset_suffix,
+    fetch_adapter,
+    fetch_dataset,
+    resolve_base_model,
+    task_base_model,
+)
 from blade_service.worker.celery_app import app
 from blade_service.worker.errors import TaskFailure
 from blade_service.worker.process import free_accelerator
@@ -381,8 +387,8 @@ def export_key(*, base_model_id: str, digest: str, fmt: str) -> str:
 
 
 @app.task(name=TaskName.EXPORT.value, soft_time_limit=3600, time_limit=3700, track_started=True)
-def export(*, base_model: str, fmt: str) -> dict[str, Any]:
-    """Archive the effective model of `base_model` as one adapter or merged weights (once per stack)."""
+def export(*, fmt: str, base_model_id: str | None = None, base_model: str | None = None) -> dict[str, Any]:
+    """Archive the effective model of the base model as one adapter or merged weights (once per stack)."""
     from blade_core.export import FORMATS, describe_adapter_dir, export_adapter, export_merged
 
     settings = get_settings()
@@ -391,9 +397,14 @@ def export(*, base_model: str, fmt: str) -> dict[str, Any]:
             return {"error": {"code": "invalid_format", "message": f"format: one of {', '.join(FORMATS)}"}}
         storage = get_storage(settings)
         with session_scope(settings) as session:
-            base = session.scalars(select(BaseModel).where(BaseModel.name == base_model)).first()
+            base = task_base_model(session, base_model_id=base_model_id, base_model=base_model)
             if base is None:
-                return {"error": {"code": "not_found", "message": f"no base model named {base_model!r}"}}
+                return {
+                    "error": {
+                        "code": "not_found",
+                        "message": f"no base model {base_model_id or base_model!r}",
+                    }
+                }
             stack, name, source, base_id = _stack_of(session, base), base.name, base.source, base.id
             pinned = base.revision
         if fmt == "adapter" and not stack:

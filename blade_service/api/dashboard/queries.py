@@ -140,6 +140,7 @@ def overview(
             .select_from(UnlearnRequest)
             .join(BaseModel, BaseModel.id == UnlearnRequest.base_model_id)
             .where(UnlearnRequest.status == literal_column("'queued'"))  # in ix_unlearn_requests_unfinished
+            .where(BaseModel.tenant_id.is_(None) | (BaseModel.tenant_id == tenant_id))  # only what it sees
             .group_by(BaseModel.name)
         ).all()
     )

@@ -123,8 +123,10 @@ class ServiceStateCollector(Collector):
         yield from (alive, age, up_w, busy)  # GPU peak: the worker's own blade_gpu_memory_peak_bytes
 
         adapters = GaugeMetricFamily(
-            "blade_adapters", "Adapter versions by base model and state", labels=["base_model", "state"]
+            "blade_adapters",
+            "Adapter versions by base model, its tenant ('' for a shared model) and state",
+            labels=["base_model", "tenant", "state"],
         )
-        for name, state, n in snap["adapters"]:
-            adapters.add_metric([name, state], n)
+        for name, tenant, state, n in snap["adapters"]:
+            adapters.add_metric([name, tenant, state], n)
         yield adapters

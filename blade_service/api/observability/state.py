@@ -23,6 +23,7 @@ from blade_service.persistence.models import (
     AdapterVersion,
     BaseModel,
     RequestStatus,
+    Tenant,
     UnlearnRequest,
     WorkerHeartbeat,
 )
@@ -111,11 +112,12 @@ def snapshot(
         select(func.min(UnlearnRequest.created_at)).where(UnlearnRequest.status == literal_column("'queued'"))
     ).scalar()
     workers = session.execute(select(WorkerHeartbeat)).scalars().all()
-    adapters = session.execute(
-        select(BaseModel.name, AdapterVersion.state, func.count())
+    adapters = session.execute(  # names are per tenant: two tenants' "x" are two series
+        select(BaseModel.name, func.coalesce(Tenant.name, ""), AdapterVersion.state, func.count())
         .select_from(AdapterVersion)
         .join(BaseModel, BaseModel.id == AdapterVersion.base_model_id)
-        .group_by(BaseModel.name, AdapterVersion.state)
+        .outerjoin(Tenant, Tenant.id == BaseModel.tenant_id)
+        .group_by(BaseModel.name, Tenant.name, AdapterVersion.state)
     ).all()
     alive_after = worker_alive_after_s(settings)
     worker_rows = []
@@ -141,7 +143,8 @@ def snapshot(
         "oldest_queued_age_s": _age_s(oldest_queued, now),
         "workers": worker_rows,
         "adapters": [
-            (name, str(state.value if hasattr(state, "value") else state), n) for name, state, n in adapters
+            (name, tenant, str(state.value if hasattr(state, "value") else state), n)
+            for name, tenant, state, n in adapters
         ],
         "queues": queues,
     }

@@ -132,7 +132,7 @@ def generate_text(
     stack = stack_refs(registry.effective_stack(session, model), tenant_id=auth.tenant_scope(key))
     session.close()  # hold no connection while waiting for the worker
     completion = _dispatch_generate(
-        model.name, text, body.max_new_tokens, settings.generate_timeout_s, as_question=as_question
+        model.id, text, body.max_new_tokens, settings.generate_timeout_s, as_question=as_question
     )
     return GenerateOut(
         base_model=model.name,
@@ -157,12 +157,12 @@ def _text_to_continue(body: GenerateIn) -> tuple[str, bool]:
 
 
 def _dispatch_generate(
-    base_model: str, text: str, max_new_tokens: int, timeout: float, *, as_question: bool
+    base_model_id: str, text: str, max_new_tokens: int, timeout: float, *, as_question: bool
 ) -> dispatch.Completion:
     try:
         with waiting_for_a_worker("generation"):
             return dispatch.generate(
-                base_model, text, max_new_tokens=max_new_tokens, timeout=timeout, as_question=as_question
+                base_model_id, text, max_new_tokens=max_new_tokens, timeout=timeout, as_question=as_question
             )
     except TimeoutError:
         raise GatewayTimeout(f"no worker answered within {timeout:g} s", code="generate_timeout") from None

@@ -126,7 +126,7 @@ def export(
     try:
         with waiting_for_a_worker("export"):
             built = dispatch.export(
-                model.name,
+                model.id,
                 format,
                 timeout=settings.export_timeout_s,
                 accept_timeout=settings.generate_timeout_s,
