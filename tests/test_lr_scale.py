@@ -172,3 +172,5 @@ def test_blade_unlearn_applies_the_rule_and_warns_when_nothing_was_forgotten(tin
 
     notes = _run_notes(tmp_path / "b")
     assert notes["lr_rule"]["explicit"] == ["eta_in", "eta_out"] and notes["warnings"] == run["warnings"]
+    # With their values: after a collapse the worker, not the request, sets eta_out (worker/training.py).
+    assert notes["lr_rule"]["explicit_values"] == {"eta_in": 1e-9, "eta_out": 1e-9}

@@ -21,7 +21,7 @@ from blade_service.persistence.storage import get_storage
 from blade_service.worker.artifacts import checkpoint_step
 from blade_service.worker.lease import LeaseKeeper
 from blade_service.worker.run_context import RunContext
-from blade_service.worker.training import train
+from blade_service.worker.training import run_notes, train
 from tests.fixtures_worker import forget_rows, jsonl, retain_rows
 
 pytestmark = pytest.mark.services
@@ -140,6 +140,9 @@ def test_a_collapsed_run_starts_over_at_half_its_eta_out(
     assert restarted["eta_out"] == retried_with and "collapsed at step 1" in restarted["collapsed"]
     assert f"it was {2 * retried_with:g}" in restarted["collapsed"]  # half the one the first run had
     assert f"it was {retried_with:g}" in result.message
+    # What an adapter of the retry would store: eta_out is the worker's choice, so its value is recorded.
+    rule = run_notes(out)["lr_rule"]
+    assert "eta_out" in rule["explicit"] and rule["explicit_values"]["eta_out"] == retried_with
 
 
 @pytest.mark.parametrize("why", ["eta_out set by the request", "collapse_retries 0"])

@@ -199,9 +199,15 @@ def _config_value(adapter_dir: Path, name: str) -> Any:
 
 def run_notes(adapter_dir: Path) -> dict[str, Any]:
     """What the engine's run.json says about learning rates and forgetting, for the adapter's hyperparameters:
-    the LR rule used (blade_core/lr_scale.py) and any warnings (blade_core/forget_check.py)."""
+    the LR rule used (blade_core/lr_scale.py) and any warnings (blade_core/forget_check.py). The rule lists
+    the rates it did not set (`explicit`); their values are added from the run's config, since one may be the
+    worker's and not the request's (a collapsed run starts over at half its eta_out)."""
     info = _run_info(adapter_dir)
-    return {k: info[k] for k in ("lr_rule", "forget_prob", "warnings") if info.get(k)}
+    notes = {k: info[k] for k in ("lr_rule", "forget_prob", "warnings") if info.get(k)}
+    rule, config = notes.get("lr_rule"), info.get("config")
+    if isinstance(rule, dict) and isinstance(config, dict) and rule.get("explicit"):
+        notes["lr_rule"] = {**rule, "explicit_values": {n: config.get(n) for n in rule["explicit"]}}
+    return notes
 
 
 def service_config_preset(method: str, overrides: dict[str, Any], requested: str | None = None) -> str | None:
