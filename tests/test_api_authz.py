@@ -288,3 +288,21 @@ def test_a_compaction_on_a_shared_model_is_a_tenants_when_everything_in_it_is(
     assert api_client.get(f"/adapters/{mixed}", headers=a).status_code == 404
     assert api_client.get(f"/adapters/{mixed}", headers=b).status_code == 404
     assert api_client.get(f"/adapters/{mixed}", headers=headers(admin_key)).status_code == 200
+
+
+def test_a_compaction_of_a_shared_model_is_the_operators_to_read(api_client, shared, admin_key):
+    """Its record lists every tenant's versions it replaces and the canary it was checked on: a tenant
+    holding its id gets a 404, as for any other tenant's object."""
+    resp = api_client.post(
+        f"/base-models/{shared['model']}/compact", headers=headers(admin_key), json={"reason": "tidy"}
+    )
+    assert resp.status_code == 202, resp.text
+    op = resp.json()["id"]
+    model_id = api_client.get(f"/base-models/{shared['model']}", headers=headers(admin_key)).json()["id"]
+    a1 = api_client.get(f"/adapters/{shared['ids']['a1']}", headers=headers(shared["a"].admin)).json()
+    assert (
+        resp.json()["base_model_id"] == a1["base_model_id"] == model_id
+    )  # names are per tenant: ids say which
+    assert api_client.get(f"/stack-operations/{op}", headers=headers(admin_key)).status_code == 200
+    for tenant in (shared["a"], shared["b"]):
+        assert api_client.get(f"/stack-operations/{op}", headers=headers(tenant.admin)).status_code == 404

@@ -173,6 +173,16 @@ def test_only_the_operator_registers_sources_on_the_workers_or_for_another_tenan
         "/base-models", headers=mine, json={"name": "bm-x", "source": "org/model", "tenant": other}
     )
     assert resp.status_code == 403 and resp.json()["error"]["field"] == "tenant"
+    # Nor a shared model: it would appear in every tenant's list and take its name there (and a 409 for a
+    # name some tenant holds privately would tell them so).
+    name = f"bm-{uuid.uuid4().hex[:8]}"
+    resp = api_client.post(
+        "/base-models", headers=mine, json={"name": name, "source": "org/m", "shared": True}
+    )
+    assert resp.status_code == 403 and resp.json()["error"]["field"] == "shared", resp.text
+    assert (
+        api_client.get(f"/base-models/{name}", headers=headers(make_key(other, ["read"]))).status_code == 404
+    )
 
     def own() -> list[str]:  # the tenant's own models (other tests' shared ones are visible too)
         items = api_client.get("/base-models", headers=mine).json()["items"]

@@ -219,8 +219,8 @@ def test_wait_shows_progress_then_a_summary_table(api_client, api_app, ready, bl
     finally:
         worker.join()
     assert status == 0, err
-    # Off a terminal the bar is one line per change; the last one is the finished run.
-    assert f"{request_id} succeeded: step 4/4 (100.0%) · λ 2 · L_fgt 0.25 · L_ret 0.75" in err
+    # Off a terminal the bar is one line per change; the last one is the finished run, which converged.
+    assert f"{request_id} succeeded: step 4, converged (cap 4) · λ 2 · L_fgt 0.25 · L_ret 0.75" in err
     assert "metrics before and after" in out and "forget.Prob" in out
     assert "0.9" in out and "0.05" in out and "-0.85" in out and "converged" in out
 

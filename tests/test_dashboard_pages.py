@@ -4,10 +4,11 @@ and no open redirect. (The browser test drives the same pages in Chromium agains
 from __future__ import annotations
 
 import re
+import uuid
 
 import pytest
 
-from tests.fixtures_services import headers
+from tests.fixtures_services import headers, qa_rows, register_model, upload_dataset
 
 pytestmark = pytest.mark.services
 
@@ -243,4 +244,27 @@ def test_a_request_whose_adapter_was_rolled_back_says_so(api_client, api_app, re
         == 200
     )
     assert all("badge amber rolled-back" in client.get(page).text for page in pages)
+    api_client.cookies.clear()
+
+
+def test_a_tenants_overview_and_audit_page_count_only_its_own(api_client, ready, make_key):
+    """Queued requests on a shared model are counted per tenant (another tenant's are its activity, not
+    the viewer's), and the audit page verifies the tenant's own entries, as `GET /audit-log/verify` does."""
+    shared = register_model(api_client, ready.tenant.admin, shared=True)
+    other = make_key(f"t-{uuid.uuid4().hex[:8]}", ["admin"])
+    bodies = [(ready.tenant.admin, ready.body(base_model=shared))] * 2
+    forget, retain = (upload_dataset(api_client, other, qa_rows(3, p))["id"] for p in ("f", "r"))
+    bodies.append(
+        (other, {**ready.body(base_model=shared), "forget_dataset": forget, "retain_dataset": retain})
+    )
+    for key, body in bodies:
+        assert api_client.post("/unlearn-requests", headers=headers(key), json=body).status_code == 202
+    for key, mine in ((ready.tenant.admin, 2), (other, 1)):
+        page = signed_in(api_client, key).get("/dashboard").text
+        assert f'<a href="/dashboard/models/{shared}">{shared}</a>: {mine}</div>' in page
+        audit_page = api_client.get("/dashboard/audit").text
+        assert (
+            "of your tenant's entries verified" in audit_page
+            and "from the first to the head" not in audit_page
+        )
     api_client.cookies.clear()

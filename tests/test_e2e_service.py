@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import io
+import socket
 import uuid
 
 import pytest
 
+from blade_service.client.http import ApiError
 from tests.fixtures_worker import EVAL_MAX_NEW_TOKENS, forget_rows, jsonl, retain_rows, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.services, pytest.mark.timeout(300)]
@@ -234,4 +236,9 @@ def test_a_failure_carries_a_code_and_a_readable_message(e2e_logs, world):
         assert done["status"] == "failed", done
         assert done["error"]["code"] == "base_model_unavailable"
         assert "/nonexistent/model-dir" in done["error"]["message"]
+        assert socket.gethostname() not in done["error"]["message"]  # which worker: the operator's log says
         assert done["adapter_id"] is None and c.adapters(name) == []
+        # A completion on it: the worker's code, so 503 (a model the workers cannot load), not 502.
+        with pytest.raises(ApiError) as unloadable:
+            c.generate(name, "Who?", max_new_tokens=2)
+        assert (unloadable.value.status, unloadable.value.code) == (503, "base_model_unavailable")

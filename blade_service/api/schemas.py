@@ -275,6 +275,9 @@ class MetricsOut(Schema):
 class AdapterOut(Schema):
     id: str
     base_model: str
+    base_model_id: str = Field(
+        description="the base model's id: names are per tenant, so the operator's view needs it"
+    )
     version: int
     state: models.AdapterState
     request_id: str | None = Field(description="null for a compacted version (see lineage)")
@@ -306,6 +309,7 @@ class AdapterOut(Schema):
         return cls(
             id=a.id,
             base_model=a.base_model.name,
+            base_model_id=a.base_model_id,
             version=a.version,
             state=a.state,
             request_id=a.request_id,
@@ -488,6 +492,9 @@ class CompactIn(StrictIn):
 class StackOperationOut(Schema):
     id: str
     base_model: str
+    base_model_id: str = Field(
+        description="the base model's id: names are per tenant, so the operator's view needs it"
+    )
     kind: str
     status: str
     params: dict[str, Any]
@@ -505,6 +512,7 @@ class StackOperationOut(Schema):
         return cls(
             id=op.id,
             base_model=op.base_model.name,
+            base_model_id=op.base_model_id,
             kind=op.kind,
             status=op.status,
             params=params,

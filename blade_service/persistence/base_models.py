@@ -27,7 +27,14 @@ def owner_for(
     session: Session, *, key_tenant_id: str, operator: bool, tenant: str | None, shared: bool
 ) -> str:
     """The tenant a new base model is registered for (and its audit entry is filed under): the key's own,
-    or the one the operator names (`tenant`). Forbidden for anyone else; Invalid beside `shared`."""
+    or the one the operator names (`tenant`). Forbidden for anyone else, and `shared` too: a shared model
+    appears in every tenant's list and takes its name in every tenant. Invalid with both."""
+    if shared and not operator:
+        raise Forbidden(
+            "shared: only the operator registers a model every tenant sees; register it for your tenant",
+            code="cross_tenant",
+            field="shared",
+        )
     if not tenant:
         return key_tenant_id
     if not operator:

@@ -88,8 +88,10 @@ def create_compaction(
 
 def get_operation(session: Session, *, operation_id: str, tenant_id: str | None) -> StackOperation:
     op = session.get(StackOperation, operation_id)
+    # A compaction of a shared model lists every tenant's versions and datasets: the operator's to read,
+    # or the tenant's when every version in it is (`op.tenant_id`).
     visible = op is not None and (
-        tenant_id is None or op.base_model.tenant_id in (None, tenant_id) or op.tenant_id == tenant_id
+        tenant_id is None or op.base_model.tenant_id == tenant_id or op.tenant_id == tenant_id
     )
     if op is None or not visible:
         raise NotFound(f"no stack operation {operation_id!r}")

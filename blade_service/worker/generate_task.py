@@ -15,6 +15,7 @@ from blade_service.persistence.settings import get_settings
 from blade_service.persistence.storage import get_storage
 from blade_service.worker.artifacts import active_stack, fetch_adapter, resolve_base_model, task_base_model
 from blade_service.worker.celery_app import app
+from blade_service.worker.errors import TaskFailure
 from blade_service.worker.process import free_accelerator
 
 log = logging.getLogger("blade.worker")
@@ -76,10 +77,13 @@ def generate(
         return {
             "text": text,
             "prompt": prompt,
-            "base_model": base_model,
+            "base_model": base.name,
             "stack": [i for i, _, _ in stack],
             "stack_digest": digest,
         }
+    except TaskFailure as exc:  # e.g. base_model_unavailable: the API answers 503, not 502
+        log.warning("generate.failed", extra={"base_model_id": base_model_id, "code": exc.code})
+        return {"error": {"code": exc.code, "message": exc.message}}
     except Exception as exc:
-        log.exception("generate.error", extra={"base_model": base_model})
+        log.exception("generate.error", extra={"base_model_id": base_model_id, "base_model": base_model})
         return {"error": {"code": "generate_failed", "message": f"{type(exc).__name__}: {exc}"}}

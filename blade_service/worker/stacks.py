@@ -442,8 +442,11 @@ def export(*, fmt: str, base_model_id: str | None = None, base_model: str | None
             "stack": [a["id"] for a in stack],
             "format": fmt,
         }
+    except TaskFailure as exc:  # e.g. base_model_unavailable: the API answers 503, not 502
+        log.warning("export.failed", extra={"base_model_id": base_model_id, "code": exc.code})
+        return {"error": {"code": exc.code, "message": exc.message}}
     except Exception as exc:
-        log.exception("export.error", extra={"base_model": base_model})
+        log.exception("export.error", extra={"base_model_id": base_model_id, "base_model": base_model})
         return {"error": {"code": "export_failed", "message": f"{type(exc).__name__}: {exc}"}}
     finally:
         free_accelerator()

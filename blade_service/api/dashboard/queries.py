@@ -140,7 +140,7 @@ def overview(
             .select_from(UnlearnRequest)
             .join(BaseModel, BaseModel.id == UnlearnRequest.base_model_id)
             .where(UnlearnRequest.status == literal_column("'queued'"))  # in ix_unlearn_requests_unfinished
-            .where(BaseModel.tenant_id.is_(None) | (BaseModel.tenant_id == tenant_id))  # only what it sees
+            .where(UnlearnRequest.tenant_id == tenant_id)  # its own: not other tenants' on a shared model
             .group_by(BaseModel.name)
         ).all()
     )
@@ -488,5 +488,10 @@ def audit_page(
         "more": more,
         "next_before": rows[-1].id if more and rows else None,
         "actions": list(session.scalars(base)),
-        "chain": audit.verify_chain(session).as_dict(),
+        "scope": "chain" if tenant_id is None else "tenant",  # as GET /audit-log/verify
+        "chain": (
+            audit.verify_chain(session)
+            if tenant_id is None
+            else audit.verify_tenant(session, tenant_id=tenant_id)
+        ).as_dict(),
     }
