@@ -193,6 +193,7 @@ def test_a_dataset_nothing_names_is_purged_days_after_its_upload(
     assert all(_stored(api_app, i) for i in everything if i != unused)
     gone = api_client.get(f"/datasets/{unused}", headers=admin).json()
     assert gone["purged_at"] and gone["rows"] == 2
+    assert gone["purge_reason"] == "unused: nothing named it within 7 days of its upload"
     entry = [e for e in _audit(api_client, ready.tenant.admin, "dataset.purge") if e["subject_id"] == unused]
     assert len(entry) == 1 and entry[0]["actor"] == "system"
     assert entry[0]["reason"] == "unused: nothing named it within 7 days of its upload"

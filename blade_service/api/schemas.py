@@ -44,6 +44,10 @@ class DatasetOut(Schema):
     purged_at: datetime | None = Field(
         default=None, description="when its bytes were deleted (only sha256, rows and size remain)"
     )
+    purge_reason: str | None = Field(
+        default=None,
+        description="why: deleted on request, its request's retention ended, or nothing named it",
+    )
 
     @classmethod
     def of(cls, d: models.Dataset) -> DatasetOut:
@@ -57,6 +61,7 @@ class DatasetOut(Schema):
             size_bytes=d.size_bytes,
             created_at=d.created_at,
             purged_at=d.purged_at,
+            purge_reason=d.purge_reason,
         )
 
 
