@@ -71,3 +71,53 @@ def test_alembic_cli_config_works_from_the_repo(tmp_path, monkeypatch):
     finally:
         settings_module.get_settings.cache_clear()
     assert current_revision(url) is not None
+
+
+def test_a_table_rebuild_on_a_populated_sqlite_keeps_every_row(tmp_path):
+    """`make run`'s database, with requests and datasets pointing at a base model: 0008 rebuilds
+    `base_models` (SQLite drops a constraint by copying the table), which an enforced foreign key refused
+    ('FOREIGN KEY constraint failed' on DROP TABLE), so such a service could not start after an upgrade."""
+    import json
+
+    from alembic import command
+    from sqlalchemy import text
+    from starlette.testclient import TestClient
+
+    from blade_service.api.main import create_app
+    from blade_service.persistence.db import alembic_config
+    from blade_service.persistence.settings import Settings
+
+    url = f"sqlite:///{tmp_path / 'blade.db'}"
+    secret = "blade_migration_test_0123456789abcdef"
+    settings = Settings(data_dir=tmp_path, database_url=url, bootstrap_admin_key=secret)
+    auth = {"Authorization": f"Bearer {secret}"}
+    with TestClient(create_app(settings)) as client:
+        assert (
+            client.post("/base-models", headers=auth, json={"name": "m", "source": "/m"}).status_code == 201
+        )
+        rows = "".join(json.dumps({"question": f"q{i}?", "answer": f"a{i}."}) + "\n" for i in range(3))
+        ids = [
+            client.post("/datasets", headers=auth, files={"file": (f"{n}.jsonl", rows.encode())}).json()["id"]
+            for n in ("f", "r")
+        ]
+        body = {"base_model": "m", "forget_dataset": ids[0], "retain_dataset": ids[1]}
+        assert client.post("/unlearn-requests", headers=auth, json=body).status_code == 202
+    engine = make_engine(url)
+
+    def counts() -> dict[str, int]:
+        with engine.connect() as conn:
+            tables = ("base_models", "unlearn_requests", "datasets", "audit_entries")
+            return {t: conn.execute(text(f"SELECT count(*) FROM {t}")).scalar() for t in tables}
+
+    try:
+        before = counts()
+        assert before["unlearn_requests"] == 1
+        command.downgrade(alembic_config(url), "0007_redundant_indexes")  # the rebuild, backwards
+        assert counts() == before
+        upgrade_to_head(url)  # and forwards, as a start-up runs it
+        assert counts() == before
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA foreign_key_check").all() == []
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1  # enforced again afterwards
+    finally:
+        engine.dispose()

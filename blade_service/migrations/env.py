@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection
 
-from blade_service.persistence.db import make_engine, normalise_url
+from blade_service.persistence.db import make_engine, migration_connection, normalise_url
 from blade_service.persistence.models import Base
 from blade_service.persistence.settings import get_settings
 
@@ -42,7 +42,7 @@ elif (connection := config.attributes.get("connection")) is not None:
 else:
     engine = make_engine(_url())
     try:
-        with engine.begin() as conn:
+        with migration_connection(engine) as conn:
             _run(conn)
     finally:
         engine.dispose()

@@ -31,7 +31,7 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Engine, Executable, Result, create_engine, event
+from sqlalchemy import Connection, Engine, Executable, Result, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
@@ -191,11 +191,32 @@ def alembic_config(url: str) -> Any:
     return config
 
 
+@contextmanager
+def migration_connection(engine: Engine) -> Iterator[Connection]:
+    """A connection in one transaction, for migrations. On SQLite foreign keys go unenforced while it runs
+    and are checked once before it commits: rebuilding a table (how SQLite drops a constraint) drops the
+    table other rows reference, which an enforced key refuses even though the rebuilt table holds every row.
+    `PRAGMA foreign_keys` changes only outside a transaction, hence on the driver's connection first."""
+    sqlite = engine.dialect.name == "sqlite"
+    with engine.connect() as connection:
+        driver: Any = connection.connection.driver_connection
+        if sqlite:
+            driver.execute("PRAGMA foreign_keys=OFF")
+        try:
+            with connection.begin():
+                yield connection
+                if sqlite and (broken := connection.exec_driver_sql("PRAGMA foreign_key_check").all()):
+                    raise RuntimeError(f"the migration left rows whose foreign keys dangle: {broken[:5]}")
+        finally:
+            if sqlite:
+                driver.execute("PRAGMA foreign_keys=ON")
+
+
 def upgrade_to_head(url: str) -> None:
     """`alembic upgrade head` on `url`: the API's start-up step; concurrent callers take turns."""
     engine = make_engine(url)
     try:
-        with engine.begin() as connection:
+        with migration_connection(engine) as connection:
             if engine.dialect.name == "postgresql":
                 # Two processes starting together (API replicas, API + worker) must not race on the DDL.
                 connection.exec_driver_sql("SELECT pg_advisory_xact_lock(727272)")
