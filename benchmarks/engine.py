@@ -12,7 +12,11 @@ and with `--compile`, those losses and their gradients compiled against eager.
 Every measurement runs in a fresh subprocess. On the CPU, peak memory is the process's peak RSS (ru_maxrss)
 minus its RSS once the model and data are built, so gradients, optimiser state and activations count: the
 memory training needs beyond the weights; on CUDA it is `max_memory_allocated` minus the allocation at that
-point. Time per step is the mean over the measured steps after one warm-up step. A BLADE outer step here is
+point. glibc keeps freed blocks below its (self-raising) mmap threshold in the heap, so a CPU process's peak
+RSS can sit far above what its live tensors ever held: `--malloc-mmap-threshold 131072` fixes the threshold in
+each measurement (`mallopt`), so freed activations go back to the system and RSS follows live memory, at a
+cost in time (every large allocation is a fresh mapping). Time per step is the mean over the measured steps
+after one warm-up step. A BLADE outer step here is
 K inner SGD steps + the outer Adam step + the dual update (adaptive recovery, which can add up to 3K inner
 steps, is off so both methods do a fixed amount of work); the GradDiff step is the OpenUnlearning one:
 -CE(forget) + CE(retain), AdamW on every weight.
@@ -21,6 +25,7 @@ steps, is off so both methods do a fixed amount of work); the GradDiff step is t
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import resource
@@ -461,6 +466,17 @@ def _gaps_line(gaps: dict[str, Any]) -> str:
     return f"L_fgt {fgt:.1e}, L_ret {ret:.1e}, gradients {grad:.1e}"
 
 
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+
+
+def fix_mmap_threshold(threshold: int) -> None:
+    """glibc: serve blocks of `threshold` bytes and more by mmap, returned to the system when freed. Setting
+    it turns off glibc's dynamic threshold, which rises to the largest block freed so far and so keeps freed
+    activations in the heap."""
+    if not ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, threshold):
+        raise RuntimeError(f"mallopt(M_MMAP_THRESHOLD, {threshold}) failed (not glibc?)")
+
+
 def _measure(name: str, argv: list[str]) -> dict[str, Any]:
     proc = subprocess.run(
         [sys.executable, __file__, "--work", name, *argv],
@@ -543,6 +559,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--skip-steps", action="store_true", help="only the entropy comparison")
     p.add_argument("--skip-entropy", action="store_true", help="only the step comparison")
+    p.add_argument(
+        "--malloc-mmap-threshold",
+        type=int,
+        metavar="BYTES",
+        help="CPU: fix glibc's mmap threshold in each measurement, so peak RSS follows live memory",
+    )
     p.add_argument("--json", type=Path, help="also write the figures here")
     p.add_argument("--work", choices=sorted(WORKS), help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -555,6 +577,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.work:
         if device.type == "cpu":
             torch.set_num_threads(args.threads)
+            if args.malloc_mmap_threshold:
+                fix_mmap_threshold(args.malloc_mmap_threshold)
         print(json.dumps(WORKS[args.work](args, device)))
         return 0
 
@@ -567,8 +591,18 @@ def main(argv: list[str] | None = None) -> int:
         f"device {device} ({name}"
         + (f"; dense bf16 peak {peak / 1e12:.0f} TFLOP/s" if peak else "")
         + f"), torch {torch.__version__}, {threads} threads, load average {os.getloadavg()[0]:.1f}"
+        + (
+            f"; glibc mmap threshold fixed at {args.malloc_mmap_threshold} bytes (RSS follows live memory)"
+            if args.malloc_mmap_threshold and device.type == "cpu"
+            else ""
+        )
     )
-    figures["device"] = {"name": name, "torch": torch.__version__, "peak_bf16_flops": peak}
+    figures["device"] = {
+        "name": name,
+        "torch": torch.__version__,
+        "peak_bf16_flops": peak,
+        "malloc_mmap_threshold": args.malloc_mmap_threshold,
+    }
 
     def save() -> None:  # after each measurement, so a run stopped at a time limit keeps what it measured
         if args.json:
