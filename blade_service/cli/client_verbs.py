@@ -154,7 +154,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("source", help="a hub id; the operator may also name a model directory or storage key")
     p.add_argument("--description", default=None)
     p.add_argument("--revision", default=None, help="pin a hub revision")
-    p.add_argument("--shared", action="store_true", help="visible to every tenant")
+    p.add_argument("--shared", action="store_true", help="the operator only: visible to every tenant")
     p.add_argument("--tenant", default=None, help="the operator only: register it for this tenant")
     _verb(verbs, "adapters", run_adapters, "the model's adapter stack in order").add_argument("name")
     p = _verb(verbs, "retention", run_model_retention, "show, or with --set change, forget-data retention")
