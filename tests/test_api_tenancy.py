@@ -150,6 +150,42 @@ def test_base_model_names_are_per_tenant(api_client, tenant, make_key, admin_key
     assert "a shared model" in register({"name": shared, "tenant": tenant.name})["message"]
 
 
+def test_the_operator_names_the_tenant_whose_model_it_means(api_client, tenant, make_key, admin_key):
+    """`?tenant=` on the `/base-models/{name}` routes: the operator reaches a tenant's private model (it
+    could register one, then not show it); anyone else naming a tenant but its own is refused before any
+    lookup, so an unknown tenant reads the same as a real one."""
+    name = register_model(api_client, tenant.admin)
+    op, mine = headers(admin_key), headers(tenant.admin)
+    mine_id = api_client.get(f"/base-models/{name}", headers=mine).json()["id"]
+    assert api_client.get(f"/base-models/{name}", headers=op).status_code == 404  # not the operator's own
+    for path in ("", "/adapters", "/retention"):
+        resp = api_client.get(f"/base-models/{name}{path}", headers=op, params={"tenant": tenant.name})
+        assert resp.status_code == 200, (path, resp.text)
+    assert (
+        api_client.get(f"/base-models/{name}", headers=op, params={"tenant": tenant.name}).json()["id"]
+        == mine_id
+    )
+    assert (
+        api_client.get(f"/base-models/{name}", headers=mine, params={"tenant": tenant.name}).status_code
+        == 200
+    )
+    for who in (tenant.name.upper(), "no-such-tenant", "default"):
+        resp = api_client.get(f"/base-models/{name}", headers=mine, params={"tenant": who})
+        assert resp.status_code == 403 and resp.json()["error"]["code"] == "cross_tenant", (who, resp.text)
+    resp = api_client.get(f"/base-models/{name}", headers=op, params={"tenant": "no-such-tenant"})
+    assert resp.status_code == 422 and resp.json()["error"]["field"] == "tenant"
+    # The operator's change is audited under the model's tenant, which sees it.
+    resp = api_client.put(
+        f"/base-models/{name}/policy",
+        headers=op,
+        params={"tenant": tenant.name},
+        json={"policy": {"min_retain_prob_ratio": 0.7}, "reason": "stricter for this tenant"},
+    )
+    assert resp.status_code == 200, resp.text
+    seen = api_client.get("/audit-log", headers=mine, params={"subject_id": mine_id}).json()["items"]
+    assert [e["reason"] for e in seen if e["action"] == "base_model.policy"] == ["stricter for this tenant"]
+
+
 def test_only_the_operator_registers_sources_on_the_workers_or_for_another_tenant(
     api_client, tenant, admin_key, make_key, tmp_path
 ):

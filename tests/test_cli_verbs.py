@@ -283,6 +283,14 @@ def test_keys_models_audit_verbs(api_client, tenant, admin_key, blade):
         admin_key, "base-models", "register", "m-cli", "/models/x", "--tenant", tenant.name, "--json"
     )
     assert status == 0 and json.loads(out)["name"] == "m-cli" and not json.loads(out)["shared"]
+    registered = json.loads(out)["id"]
+    status, _, err = blade(admin_key, "base-models", "show", "m-cli")  # names are per tenant
+    assert status != 0 and "another tenant's: name it with `tenant`" in err
+    for verb in ("show", "adapters", "retention"):
+        status, out, err = blade(admin_key, "base-models", verb, "m-cli", "--tenant", tenant.name, "--json")
+        assert status == 0, (verb, err)
+    status, out, _ = blade(admin_key, "base-models", "show", "m-cli", "--tenant", tenant.name, "--json")
+    assert json.loads(out)["id"] == registered
     status, out, _ = blade(tenant.admin, "base-models", "list")
     assert status == 0 and "m-cli" in out
     status, out, _ = blade(tenant.admin, "audit", "--limit", "3", "--json")

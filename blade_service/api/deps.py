@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from blade_service.persistence import auth
+from blade_service.persistence import auth, base_models
 from blade_service.persistence.errors import Forbidden, Unauthorized
-from blade_service.persistence.models import ApiKey, Scope
+from blade_service.persistence.models import ApiKey, BaseModel, Scope
 from blade_service.persistence.settings import Settings
 from blade_service.persistence.storage import Storage
 
@@ -123,3 +123,20 @@ def require_scope(scope: Scope) -> Callable[[ApiKey], Awaitable[ApiKey]]:
 ReadKey = Annotated[ApiKey, Depends(require_scope(Scope.READ))]
 SubmitKey = Annotated[ApiKey, Depends(require_scope(Scope.SUBMIT))]
 AdminKey = Annotated[ApiKey, Depends(require_scope(Scope.ADMIN))]
+# `/base-models/{name}/...`: names are per tenant, so the operator names the tenant whose model it means.
+TenantQuery = Annotated[
+    str | None,
+    Query(max_length=100, description="the operator: the tenant whose model `name` is (default: yours)"),
+]
+
+
+def base_model_for(session: Session, key: ApiKey, name: str, tenant: str | None) -> BaseModel:
+    """The base model a `/base-models/{name}` route acts on (`base_models.get_for_caller`)."""
+    return base_models.get_for_caller(
+        session,
+        name=name,
+        key_tenant_id=key.tenant_id,
+        key_tenant=key.tenant.name,
+        operator=auth.is_operator(key),
+        tenant=tenant,
+    )

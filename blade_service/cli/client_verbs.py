@@ -148,7 +148,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group = subparsers.add_parser("base-models", help="base-model registry: list, show, register, adapters")
     verbs = group.add_subparsers(dest="verb", required=True)
     _verb(verbs, "list", run_models_list, "registered base models")
-    _verb(verbs, "show", run_model_show, "one base model").add_argument("name")
+    tenant_help = "the operator: the tenant whose model NAME is (names are per tenant)"
+    p = _verb(verbs, "show", run_model_show, "one base model")
+    p.add_argument("name")
+    p.add_argument("--tenant", default=None, help=tenant_help)
     p = _verb(verbs, "register", run_model_register, "register a base model (admin)")
     p.add_argument("name")
     p.add_argument("source", help="a hub id; the operator may also name a model directory or storage key")
@@ -156,12 +159,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--revision", default=None, help="pin a hub revision")
     p.add_argument("--shared", action="store_true", help="the operator only: visible to every tenant")
     p.add_argument("--tenant", default=None, help="the operator only: register it for this tenant")
-    _verb(verbs, "adapters", run_adapters, "the model's adapter stack in order").add_argument("name")
+    p = _verb(verbs, "adapters", run_adapters, "the model's adapter stack in order")
+    p.add_argument("name")
+    p.add_argument("--tenant", default=None, help=tenant_help)
     p = _verb(verbs, "retention", run_model_retention, "show, or with --set change, forget-data retention")
     p.add_argument("name")
+    p.add_argument("--tenant", default=None, help=tenant_help)
     p.add_argument("--set", action="append", default=[], metavar="FIELD=SECONDS", help="e.g. failure_s=3600")
     p = _verb(verbs, "policy", run_model_policy, "change a model's unlearning policy or canary set (admin)")
     p.add_argument("name")
+    p.add_argument("--tenant", default=None, help=tenant_help)
     p.add_argument("--reason", required=True)
     p.add_argument(
         "--set", action="append", default=[], metavar="RULE=VALUE", help="a policy rule (VALUE off: no limit)"
@@ -650,7 +657,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_adapters(args: argparse.Namespace) -> int:
-    _show(args, _call(args, lambda c: c.adapters(args.name)), ADAPTER_COLUMNS)
+    _show(args, _call(args, lambda c: c.adapters(args.name, tenant=args.tenant)), ADAPTER_COLUMNS)
     return 0
 
 
@@ -660,7 +667,7 @@ def run_models_list(args: argparse.Namespace) -> int:
 
 
 def run_model_show(args: argparse.Namespace) -> int:
-    _show(args, _call(args, lambda c: c.base_model(args.name)))
+    _show(args, _call(args, lambda c: c.base_model(args.name, tenant=args.tenant)))
     return 0
 
 
@@ -681,13 +688,13 @@ def run_model_retention(args: argparse.Namespace) -> int:
         changes = _parse_sets(args.set)
 
         def put(client: Any) -> Any:  # PUT sets both: a field not given keeps the model's own value
-            now = client.retention(args.name)
+            now = client.retention(args.name, tenant=args.tenant)
             body = {k: now.get(k) for k in ("success_s", "failure_s")} | changes
-            return client.set_retention(args.name, **body)
+            return client.set_retention(args.name, tenant=args.tenant, **body)
 
         doc = _call(args, put)
     else:
-        doc = _call(args, lambda c: c.retention(args.name))
+        doc = _call(args, lambda c: c.retention(args.name, tenant=args.tenant))
     _show(args, doc)
     return 0
 
@@ -700,7 +707,7 @@ def run_model_policy(args: argparse.Namespace) -> int:
         body["canary_dataset"] = args.canary_dataset
     if args.clear_canary:
         body["clear_canary"] = True
-    _show(args, _call(args, lambda c: c.set_policy(args.name, **body)))
+    _show(args, _call(args, lambda c: c.set_policy(args.name, tenant=args.tenant, **body)))
     return 0
 
 

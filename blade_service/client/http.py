@@ -205,15 +205,16 @@ class BladeClient:
             body["shared"] = True
         return self.request("POST", "/base-models", json=body)
 
-    def base_model(self, name: str) -> JSON:
-        return self.request("GET", f"/base-models/{name}")
+    def base_model(self, name: str, *, tenant: str | None = None) -> JSON:
+        """`tenant` (the operator): whose model `name` is; names are per tenant."""
+        return self.request("GET", f"/base-models/{name}", params=_of_tenant(tenant))
 
     def base_models(self) -> list[JSON]:
         return list(self.iter_items("/base-models"))
 
-    def adapters(self, base_model: str) -> list[JSON]:
+    def adapters(self, base_model: str, *, tenant: str | None = None) -> list[JSON]:
         """The model's adapter stack in order, active and disabled."""
-        return list(self.iter_items(f"/base-models/{base_model}/adapters"))
+        return list(self.iter_items(f"/base-models/{base_model}/adapters", _of_tenant(tenant)))
 
     def generate(
         self,
@@ -230,17 +231,18 @@ class BladeClient:
             body["max_new_tokens"] = max_new_tokens
         return self.request("POST", f"/base-models/{base_model}/generate", json=body)
 
-    def set_policy(self, base_model: str, **body: Any) -> JSON:
+    def set_policy(self, base_model: str, *, tenant: str | None = None, **body: Any) -> JSON:
         """PUT /base-models/{name}/policy (admin): e.g. `policy=..., reason=...`."""
-        return self.request("PUT", f"/base-models/{base_model}/policy", json=body)
+        return self.request("PUT", f"/base-models/{base_model}/policy", json=body, params=_of_tenant(tenant))
 
-    def retention(self, base_model: str) -> JSON:
+    def retention(self, base_model: str, *, tenant: str | None = None) -> JSON:
         """GET /base-models/{name}/retention: how long forget data is kept after a request ends."""
-        return self.request("GET", f"/base-models/{base_model}/retention")
+        return self.request("GET", f"/base-models/{base_model}/retention", params=_of_tenant(tenant))
 
-    def set_retention(self, base_model: str, **body: Any) -> JSON:
+    def set_retention(self, base_model: str, *, tenant: str | None = None, **body: Any) -> JSON:
         """PUT /base-models/{name}/retention (admin): e.g. `success_s=0, failure_s=3600`."""
-        return self.request("PUT", f"/base-models/{base_model}/retention", json=body)
+        path = f"/base-models/{base_model}/retention"
+        return self.request("PUT", path, json=body, params=_of_tenant(tenant))
 
     def compact(self, base_model: str, reason: str, *, rank: int | None = None) -> JSON:
         """POST /base-models/{name}/compact (admin): the queued stack operation; poll `stack_operation`."""
@@ -422,3 +424,8 @@ def _raise_for_error(response: httpx.Response) -> None:
     except (ValueError, AttributeError):
         pass
     raise ApiError(response.status_code, code, message, field)
+
+
+def _of_tenant(tenant: str | None) -> dict[str, str] | None:
+    """The query naming whose model a `/base-models/{name}` route means (the operator's `?tenant=`)."""
+    return {"tenant": tenant} if tenant else None

@@ -8,7 +8,15 @@ from typing import Annotated
 from fastapi import APIRouter, Body
 
 from blade_service.api.adapter_views import AdapterView, stack_refs, stack_views
-from blade_service.api.deps import AdminKey, ReadKey, SessionDep, SettingsDep, StorageDep
+from blade_service.api.deps import (
+    AdminKey,
+    ReadKey,
+    SessionDep,
+    SettingsDep,
+    StorageDep,
+    TenantQuery,
+    base_model_for,
+)
 from blade_service.api.error_responses import error_responses
 from blade_service.api.pagination import Cursor, Limit, Offset, Page, page_after
 from blade_service.api.schemas import BaseModelIn, BaseModelOut, GenerateIn, GenerateOut
@@ -81,8 +89,8 @@ def list_base_models(
 
 
 @router.get("/{name}", response_model=BaseModelOut)
-def get_base_model(name: str, session: SessionDep, key: ReadKey) -> BaseModelOut:
-    return BaseModelOut.of(base_models.get_visible(session, name=name, tenant_id=key.tenant_id))
+def get_base_model(name: str, session: SessionDep, key: ReadKey, tenant: TenantQuery = None) -> BaseModelOut:
+    return BaseModelOut.of(base_model_for(session, key, name, tenant))
 
 
 @router.get("/{name}/adapters", response_model=Page[AdapterView])
@@ -93,11 +101,12 @@ def list_adapters(
     limit: Limit = 1000,
     cursor: Cursor = None,
     offset: Offset = 0,
+    tenant: TenantQuery = None,
 ) -> Page[AdapterView]:
     """Every adapter version of the model in stack order (by version), active and disabled; a cursor page.
 
     On a shared base model another tenant's versions show only their version and state."""
-    model = base_models.get_visible(session, name=name, tenant_id=key.tenant_id)
+    model = base_model_for(session, key, name, tenant)
     found = list(stack_views(registry.list_stack(session, model), tenant_id=auth.tenant_scope(key)).values())
     return page_after(
         found, cursor=cursor, kinds="int", limit=limit, offset=offset, key=lambda a: [a.version]
@@ -124,10 +133,11 @@ def generate_text(
     session: SessionDep,
     settings: SettingsDep,
     key: ReadKey,
+    tenant: TenantQuery = None,
 ) -> GenerateOut:
     """Greedy completion by the base model plus its active adapters, computed on a worker (bounded wait):
     of raw text (`prompt`), or of a `question` asked as the model's QA rows ask it."""
-    model = base_models.get_visible(session, name=name, tenant_id=key.tenant_id)  # 404 before the body's 422
+    model = base_model_for(session, key, name, tenant)  # 404 before the body's 422
     text, as_question = _text_to_continue(body)
     stack = stack_refs(registry.effective_stack(session, model), tenant_id=auth.tenant_scope(key))
     session.close()  # hold no connection while waiting for the worker

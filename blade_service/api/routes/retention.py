@@ -12,9 +12,9 @@ from fastapi import APIRouter
 from pydantic import BaseModel as Schema
 from pydantic import ConfigDict, Field
 
-from blade_service.api.deps import AdminKey, ReadKey, SessionDep, SettingsDep
+from blade_service.api.deps import AdminKey, ReadKey, SessionDep, SettingsDep, TenantQuery, base_model_for
 from blade_service.api.schemas import ErrorOut
-from blade_service.persistence import auth, base_models, retention
+from blade_service.persistence import auth, retention
 from blade_service.persistence.errors import Forbidden
 
 router = APIRouter(prefix="/base-models", tags=["base models"])
@@ -46,8 +46,10 @@ def _out(model: Any, settings: Any) -> RetentionOut:
 
 
 @router.get("/{name}/retention", response_model=RetentionOut, responses={404: {"model": ErrorOut}})
-def get_retention(name: str, session: SessionDep, settings: SettingsDep, key: ReadKey) -> RetentionOut:
-    model = base_models.get_visible(session, name=name, tenant_id=key.tenant_id)
+def get_retention(
+    name: str, session: SessionDep, settings: SettingsDep, key: ReadKey, tenant: TenantQuery = None
+) -> RetentionOut:
+    model = base_model_for(session, key, name, tenant)
     return _out(model, settings)
 
 
@@ -57,10 +59,15 @@ def get_retention(name: str, session: SessionDep, settings: SettingsDep, key: Re
     responses={403: {"model": ErrorOut}, 404: {"model": ErrorOut}},
 )
 def set_retention(
-    name: str, body: RetentionIn, session: SessionDep, settings: SettingsDep, key: AdminKey
+    name: str,
+    body: RetentionIn,
+    session: SessionDep,
+    settings: SettingsDep,
+    key: AdminKey,
+    tenant: TenantQuery = None,
 ) -> RetentionOut:
     """Longer than the default is the operator's explicit choice (e.g. to retrain after a rollback)."""
-    model = base_models.get_visible(session, name=name, tenant_id=key.tenant_id)
+    model = base_model_for(session, key, name, tenant)
     if model.tenant_id is None and not auth.is_operator(key):
         raise Forbidden(f"base model {name} is shared: only the operator sets its retention")
     retention.set_retention(

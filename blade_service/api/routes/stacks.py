@@ -7,7 +7,15 @@ from typing import Literal
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
-from blade_service.api.deps import AdminKey, ReadKey, SessionDep, SettingsDep, StorageDep
+from blade_service.api.deps import (
+    AdminKey,
+    ReadKey,
+    SessionDep,
+    SettingsDep,
+    StorageDep,
+    TenantQuery,
+    base_model_for,
+)
 from blade_service.api.error_responses import error_responses
 from blade_service.api.routes.requests import request_out
 from blade_service.api.schemas import (
@@ -20,7 +28,7 @@ from blade_service.api.schemas import (
 )
 from blade_service.api.worker_waits import waiting_for_a_worker
 from blade_service.broker import dispatch
-from blade_service.persistence import auth, base_models, policy, rebase, stack_operations
+from blade_service.persistence import auth, policy, rebase, stack_operations
 from blade_service.persistence.errors import (
     Conflict,
     Forbidden,
@@ -34,9 +42,12 @@ router = APIRouter(tags=["stacks"])
 
 
 @router.put("/base-models/{name}/policy", response_model=BaseModelOut)
-def set_policy(name: str, body: PolicyIn, session: SessionDep, key: AdminKey) -> BaseModelOut:
-    """Change the unlearning policy and/or canary set (admin; audited with old and new values)."""
-    model = base_models.get_visible(session, name=name, tenant_id=key.tenant_id)
+def set_policy(
+    name: str, body: PolicyIn, session: SessionDep, key: AdminKey, tenant: TenantQuery = None
+) -> BaseModelOut:
+    """Change the unlearning policy and/or canary set (admin; audited with old and new values, under the
+    model's tenant: its canary is that tenant's data)."""
+    model = base_model_for(session, key, name, tenant)
     stack_operations.check_may_change_stack(model, tenant_id=key.tenant_id, operator=auth.is_operator(key))
     policy.set_policy(
         session,
@@ -47,16 +58,19 @@ def set_policy(name: str, body: PolicyIn, session: SessionDep, key: AdminKey) ->
         reason=body.reason,
         actor=auth.actor_of(key),
         actor_key_id=key.id,
-        tenant_id=key.tenant_id,
+        tenant_id=model.tenant_id or key.tenant_id,
     )
     session.commit()
     return BaseModelOut.of(model)
 
 
 @router.post("/base-models/{name}/compact", status_code=202, response_model=StackOperationOut)
-def compact(name: str, body: CompactIn, session: SessionDep, key: AdminKey) -> StackOperationOut:
-    """Queue the active stack's compaction into one verified version (admin); poll the operation."""
-    model = base_models.get_visible(session, name=name, tenant_id=key.tenant_id)
+def compact(
+    name: str, body: CompactIn, session: SessionDep, key: AdminKey, tenant: TenantQuery = None
+) -> StackOperationOut:
+    """Queue the active stack's compaction into one verified version (admin); poll the operation. The
+    operation and its audit entry are the model's tenant's (the operator's, for a shared model)."""
+    model = base_model_for(session, key, name, tenant)
     op = stack_operations.create_compaction(
         session,
         model=model,
@@ -64,7 +78,7 @@ def compact(name: str, body: CompactIn, session: SessionDep, key: AdminKey) -> S
         reason=body.reason,
         actor=auth.actor_of(key),
         actor_key_id=key.id,
-        tenant_id=key.tenant_id,
+        tenant_id=model.tenant_id or key.tenant_id,
         operator=auth.is_operator(key),
     )
     session.commit()
@@ -110,11 +124,12 @@ def export(
     storage: StorageDep,
     key: ReadKey,
     format: Literal["adapter", "merged"] = Query("adapter", description="one PEFT adapter or merged weights"),
+    tenant: TenantQuery = None,
 ) -> StreamingResponse:
     """The effective model (base + active stack) as one PEFT adapter or merged safetensors, a `.tar.gz`.
 
     A shared base model's stack holds other tenants' adapters: only the operator exports it."""
-    model = base_models.get_visible(session, name=name, tenant_id=key.tenant_id)
+    model = base_model_for(session, key, name, tenant)
     if model.tenant_id is None and not auth.is_operator(key):
         raise Forbidden(
             f"base model {model.name} is shared: its export holds other tenants' adapters; "
