@@ -291,6 +291,8 @@ def test_keys_models_audit_verbs(api_client, tenant, admin_key, blade):
         assert status == 0, (verb, err)
     status, out, _ = blade(admin_key, "base-models", "show", "m-cli", "--tenant", tenant.name, "--json")
     assert json.loads(out)["id"] == registered
+    status, _, err = blade(admin_key, "compact", "m-cli", "--reason", "r", "--tenant", tenant.name)
+    assert status != 0 and "no active adapters to compact" in err  # the tenant's model, found (empty)
     status, out, _ = blade(tenant.admin, "base-models", "list")
     assert status == 0 and "m-cli" in out
     status, out, _ = blade(tenant.admin, "audit", "--limit", "3", "--json")

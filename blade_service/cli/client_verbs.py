@@ -122,9 +122,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--question", "-q", help="a question, asked the way the model's forget and retain rows ask it"
     )
     p.add_argument("--max-new-tokens", type=int, default=None)
+    tenant_help = "the operator: the tenant whose model it is (names are per tenant)"
+    p.add_argument("--tenant", default=None, help=tenant_help)
 
     p = _verb(subparsers, "compact", run_compact, "merge a model's active stack into one version (admin)")
     p.add_argument("base_model")
+    p.add_argument("--tenant", default=None, help=tenant_help)
     p.add_argument("--reason", required=True)
     p.add_argument("--rank", type=int, default=None)
     p.add_argument("--wait", action="store_true", help="poll until the compaction ends; exit 1 if it failed")
@@ -132,6 +135,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = _verb(subparsers, "export", run_export, "the effective model as one adapter or merged weights")
     p.add_argument("base_model")
+    p.add_argument("--tenant", default=None, help=tenant_help)
     p.add_argument("--out", type=Path, required=True, help="directory to extract into (or file, --archive)")
     p.add_argument("--format", choices=("adapter", "merged"), default="adapter")
     p.add_argument("--archive", action="store_true", help="keep the .tar.gz instead of extracting it")
@@ -148,7 +152,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group = subparsers.add_parser("base-models", help="base-model registry: list, show, register, adapters")
     verbs = group.add_subparsers(dest="verb", required=True)
     _verb(verbs, "list", run_models_list, "registered base models")
-    tenant_help = "the operator: the tenant whose model NAME is (names are per tenant)"
     p = _verb(verbs, "show", run_model_show, "one base model")
     p.add_argument("name")
     p.add_argument("--tenant", default=None, help=tenant_help)
@@ -622,7 +625,10 @@ def run_download(args: argparse.Namespace) -> int:
 
 def run_generate(args: argparse.Namespace) -> int:
     doc = _call(
-        args, lambda c: c.generate(args.base_model, args.prompt, args.max_new_tokens, question=args.question)
+        args,
+        lambda c: c.generate(
+            args.base_model, args.prompt, args.max_new_tokens, question=args.question, tenant=args.tenant
+        ),
     )
     if args.json:
         _show(args, doc)
@@ -633,7 +639,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
 def run_compact(args: argparse.Namespace) -> int:
     def go(client: Any) -> dict[str, Any]:
-        op: dict[str, Any] = client.compact(args.base_model, args.reason, rank=args.rank)
+        op: dict[str, Any] = client.compact(args.base_model, args.reason, rank=args.rank, tenant=args.tenant)
         deadline = time.monotonic() + args.timeout
         while args.wait and op.get("status") in ("queued", "running"):
             if time.monotonic() > deadline:
@@ -650,7 +656,9 @@ def run_compact(args: argparse.Namespace) -> int:
 def run_export(args: argparse.Namespace) -> int:
     path = _call(
         args,
-        lambda c: c.export(args.base_model, args.out, format=args.format, extract=not args.archive),
+        lambda c: c.export(
+            args.base_model, args.out, format=args.format, extract=not args.archive, tenant=args.tenant
+        ),
     )
     print(path)
     return 0

@@ -223,13 +223,16 @@ class BladeClient:
         max_new_tokens: int | None = None,
         *,
         question: str | None = None,
+        tenant: str | None = None,
     ) -> JSON:
         """A greedy completion of raw `prompt`, or of a `question` asked as the model's QA rows ask it."""
         given = {"prompt": prompt, "question": question}
         body: JSON = {name: text for name, text in given.items() if text is not None}
         if max_new_tokens is not None:
             body["max_new_tokens"] = max_new_tokens
-        return self.request("POST", f"/base-models/{base_model}/generate", json=body)
+        return self.request(
+            "POST", f"/base-models/{base_model}/generate", json=body, params=_of_tenant(tenant)
+        )
 
     def set_policy(self, base_model: str, *, tenant: str | None = None, **body: Any) -> JSON:
         """PUT /base-models/{name}/policy (admin): e.g. `policy=..., reason=...`."""
@@ -244,23 +247,36 @@ class BladeClient:
         path = f"/base-models/{base_model}/retention"
         return self.request("PUT", path, json=body, params=_of_tenant(tenant))
 
-    def compact(self, base_model: str, reason: str, *, rank: int | None = None) -> JSON:
+    def compact(
+        self, base_model: str, reason: str, *, rank: int | None = None, tenant: str | None = None
+    ) -> JSON:
         """POST /base-models/{name}/compact (admin): the queued stack operation; poll `stack_operation`."""
         body: JSON = {"reason": reason}
         if rank is not None:
             body["rank"] = rank
-        return self.request("POST", f"/base-models/{base_model}/compact", json=body)
+        return self.request(
+            "POST", f"/base-models/{base_model}/compact", json=body, params=_of_tenant(tenant)
+        )
 
     def stack_operation(self, operation_id: str) -> JSON:
         return self.request("GET", f"/stack-operations/{operation_id}")
 
     def export(
-        self, base_model: str, dest: str | Path, *, format: str = "adapter", extract: bool = True
+        self,
+        base_model: str,
+        dest: str | Path,
+        *,
+        format: str = "adapter",
+        extract: bool = True,
+        tenant: str | None = None,
     ) -> Path:
         """GET /base-models/{name}/export: the effective model as one adapter (or merged weights), extracted
         into the directory `dest` (or, with `extract=False`, the `.tar.gz` written to `dest`)."""
         return self._download(
-            f"/base-models/{base_model}/export", dest, extract=extract, params={"format": format}
+            f"/base-models/{base_model}/export",
+            dest,
+            extract=extract,
+            params={"format": format} | (_of_tenant(tenant) or {}),
         )
 
     # --- unlearn requests -------------------------------------------------------------------------------
