@@ -42,7 +42,8 @@ def _lock_base_model(session: Session, base_model_id: str) -> BaseModel:
     return session.scalars(query).one()
 
 
-def _base_model_id(session: Session, base_model: BaseModel | str) -> str:
+def base_model_id(session: Session, base_model: BaseModel | str) -> str:
+    """The id of a BaseModel, or of the one model a name belongs to (NotFound when none or several do)."""
     if isinstance(base_model, BaseModel):
         return base_model.id
     found = session.scalars(select(BaseModel.id).where(BaseModel.name == base_model).limit(2)).all()
@@ -57,7 +58,7 @@ def list_stack(session: Session, base_model: BaseModel | str) -> list[AdapterVer
     """Every adapter of the base model (active and disabled), in version order."""
     query = (
         select(AdapterVersion)
-        .where(AdapterVersion.base_model_id == _base_model_id(session, base_model))
+        .where(AdapterVersion.base_model_id == base_model_id(session, base_model))
         .order_by(AdapterVersion.version)
         .execution_options(populate_existing=True)
     )

@@ -15,11 +15,9 @@ import uuid
 from pathlib import Path
 from typing import Any, cast
 
-from sqlalchemy import select
-
 from blade_service.contracts.errors import BaseModelUnavailable
 from blade_service.persistence import hub, registry
-from blade_service.persistence.errors import Invalid
+from blade_service.persistence.errors import Invalid, NotFound
 from blade_service.persistence.models import AdapterVersion, BaseModel
 from blade_service.persistence.settings import Settings
 from blade_service.persistence.storage import Storage, extract_archive, sha256_file
@@ -125,11 +123,13 @@ def _fetch_hub_model(source: str, revision: str | None) -> str:
 
 def task_base_model(session: Any, *, base_model_id: str | None, base_model: str | None) -> BaseModel | None:
     """The base model a generate or export task names: by id, or by a name only one model has (the form an
-    API from before per-tenant names sent)."""
-    if base_model_id:
-        return cast(BaseModel | None, session.get(BaseModel, base_model_id))
-    found = session.scalars(select(BaseModel).where(BaseModel.name == base_model).limit(2)).all()
-    return found[0] if len(found) == 1 else None
+    API from before per-tenant names sent); None otherwise."""
+    with contextlib.suppress(NotFound):
+        return cast(
+            BaseModel | None,
+            session.get(BaseModel, base_model_id or registry.base_model_id(session, base_model or "")),
+        )
+    return None
 
 
 def active_stack(session: Any, *, base_model_id: str) -> list[AdapterVersion]:

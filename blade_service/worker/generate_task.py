@@ -43,12 +43,7 @@ def generate(
         with session_scope(settings) as session:
             base = task_base_model(session, base_model_id=base_model_id, base_model=base_model)
             if base is None:
-                return {
-                    "error": {
-                        "code": "not_found",
-                        "message": f"no base model {base_model_id or base_model!r}",
-                    }
-                }
+                raise TaskFailure("not_found", f"no base model {base_model_id or base_model!r}")
             stack = [(a.id, a.storage_key, a.sha256) for a in active_stack(session, base_model_id=base.id)]
             source, revision = base.source, base.revision
         digest = hashlib.sha256("|".join([source, *(f"{i}:{s}" for i, _, s in stack)]).encode()).hexdigest()
@@ -81,7 +76,7 @@ def generate(
             "stack": [i for i, _, _ in stack],
             "stack_digest": digest,
         }
-    except TaskFailure as exc:  # e.g. base_model_unavailable: the API answers 503, not 502
+    except TaskFailure as exc:  # not_found, or base_model_unavailable: the API answers 503, not 502
         log.warning("generate.failed", extra={"base_model_id": base_model_id, "code": exc.code})
         return {"error": {"code": exc.code, "message": exc.message}}
     except Exception as exc:

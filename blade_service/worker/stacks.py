@@ -399,12 +399,7 @@ def export(*, fmt: str, base_model_id: str | None = None, base_model: str | None
         with session_scope(settings) as session:
             base = task_base_model(session, base_model_id=base_model_id, base_model=base_model)
             if base is None:
-                return {
-                    "error": {
-                        "code": "not_found",
-                        "message": f"no base model {base_model_id or base_model!r}",
-                    }
-                }
+                raise TaskFailure("not_found", f"no base model {base_model_id or base_model!r}")
             stack, name, source, base_id = _stack_of(session, base), base.name, base.source, base.id
             pinned = base.revision
         if fmt == "adapter" and not stack:
@@ -442,7 +437,7 @@ def export(*, fmt: str, base_model_id: str | None = None, base_model: str | None
             "stack": [a["id"] for a in stack],
             "format": fmt,
         }
-    except TaskFailure as exc:  # e.g. base_model_unavailable: the API answers 503, not 502
+    except TaskFailure as exc:  # not_found, or base_model_unavailable: the API answers 503, not 502
         log.warning("export.failed", extra={"base_model_id": base_model_id, "code": exc.code})
         return {"error": {"code": exc.code, "message": exc.message}}
     except Exception as exc:
