@@ -268,3 +268,46 @@ def test_a_tenants_overview_and_audit_page_count_only_its_own(api_client, ready,
             and "from the first to the head" not in audit_page
         )
     api_client.cookies.clear()
+
+
+def workers_panel(page: str) -> str:
+    match = re.search(r'<table id="workers">.*?</table>', page, re.S)
+    assert match, "the overview has a workers table"
+    return match.group(0)
+
+
+def test_a_tenant_sees_workers_numbered_and_the_operator_sees_their_hosts(api_client, api_app, ready):
+    """The host and process a worker runs as are the operator's to see: a tenant's workers panel numbers the
+    workers (queues, state, device, its own request) and its request page names no lease owner. (The audit
+    entries keep their actor, `worker:<owner>`: it is part of what the tenant verifies.)"""
+    from blade_service.persistence import jobs
+    from tests.fixtures_services import ADMIN_SECRET
+
+    rid = api_client.post("/unlearn-requests", headers=headers(ready.tenant.admin), json=ready.body()).json()[
+        "id"
+    ]
+    host = f"gpu-node-{uuid.uuid4().hex[:8]}.internal"
+    owner = f"celery@{host}:4242"
+    with api_app.state.session_factory() as session, session.begin():
+        assert jobs.claim_request(session, request_id=rid, owner=owner, lease_seconds=60).claimed
+        jobs.beat_worker(
+            session,
+            worker_name=f"celery@{host}",
+            queues=["unlearn"],
+            hostname=host,
+            pid=4242,
+            current_request_id=rid,
+            info={"python": "3.11", "device": "cuda"},
+        )
+    try:
+        tenant = signed_in(api_client, ready.tenant.admin)
+        panel = workers_panel(tenant.get("/dashboard").text)
+        assert host not in panel and "pid 4242" not in panel
+        assert re.search(r'data-worker="worker \d+"', panel) and f"/dashboard/requests/{rid}" in panel
+        assert "Worker: " not in tenant.get(f"/dashboard/requests/{rid}").text
+        operator = signed_in(api_client, ADMIN_SECRET)
+        assert f'data-worker="celery@{host}"' in workers_panel(operator.get("/dashboard").text)
+    finally:
+        with api_app.state.session_factory() as session, session.begin():
+            jobs.beat_worker(session, worker_name=f"celery@{host}", current_request_id=None, alive=False)
+        api_client.cookies.clear()

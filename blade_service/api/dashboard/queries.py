@@ -82,6 +82,17 @@ def request_summary(r: UnlearnRequest) -> dict[str, Any]:
     }
 
 
+def _anonymous(worker: dict[str, Any], number: int) -> dict[str, Any]:
+    """A worker as a tenant sees it: its queues, device and state, not the host or process it runs as."""
+    return {
+        **worker,
+        "name": f"worker {number}",
+        "hostname": None,
+        "pid": None,
+        "info": {"device": worker["info"].get("device")},
+    }
+
+
 def overview(
     session: Session,
     *,
@@ -90,10 +101,12 @@ def overview(
     alive_after_s: float = 30.0,
     broker_depths: dict[str, int | None] | None = None,
     totals: Any = None,
+    operator: bool = False,
 ) -> dict[str, Any]:
     """Counts by state, queues, workers and what they run, recent requests and failures. `totals` (the
     /metrics collector's `HistoryTotals`): finished requests are counted from its folded totals, so the
-    page's cost does not grow with the tenant's history; without it, one count over the tenant's rows."""
+    page's cost does not grow with the tenant's history; without it, one count over the tenant's rows.
+    Workers are named (host, pid) for the operator only; a tenant sees them numbered."""
     now = now or datetime.now(UTC)
     if totals is None:
         counts = Counter(
@@ -174,6 +187,8 @@ def overview(
             if r is not None:
                 worker["running"] = request_summary(r) if r.tenant_id == tenant_id else {"other_tenant": True}
     workers.sort(key=lambda w: (not w["alive"], w["name"]))
+    if not operator:
+        workers = [_anonymous(w, n) for n, w in enumerate(workers, 1)]
     return {
         "counts": [(s, counts.get(s, 0)) for s in STATE_ORDER],
         "total": sum(counts.values()),

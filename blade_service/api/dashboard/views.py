@@ -162,6 +162,7 @@ def overview(request: Request, session: SessionDep, viewer: ViewerDep) -> HTMLRe
         alive_after_s=worker_alive_after_s(settings),
         broker_depths=broker_queue_depths(settings, ALL_QUEUES, timeout=1.5),
         totals=request.app.state.metrics_state.totals,  # finished counts without a scan of history
+        operator=viewer.operator,
     )
     return render(request, "overview.html", viewer, page="overview", data=data)
 
