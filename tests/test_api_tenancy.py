@@ -174,6 +174,16 @@ def test_the_operator_names_the_tenant_whose_model_it_means(api_client, tenant, 
         assert resp.status_code == 403 and resp.json()["error"]["code"] == "cross_tenant", (who, resp.text)
     resp = api_client.get(f"/base-models/{name}", headers=op, params={"tenant": "no-such-tenant"})
     assert resp.status_code == 422 and resp.json()["error"]["field"] == "tenant"
+    # The list too: the operator lists a tenant's models (and the shared ones); a tenant lists only its own.
+    listed = {
+        m["name"]
+        for m in api_client.get("/base-models", headers=op, params={"tenant": tenant.name}).json()["items"]
+    }
+    assert name in listed and name not in {
+        m["name"] for m in api_client.get("/base-models", headers=op).json()["items"]
+    }
+    resp = api_client.get("/base-models", headers=mine, params={"tenant": "default"})
+    assert resp.status_code == 403 and resp.json()["error"]["code"] == "cross_tenant"
     # The operator's change is audited under the model's tenant, which sees it.
     resp = api_client.put(
         f"/base-models/{name}/policy",

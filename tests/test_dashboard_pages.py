@@ -311,3 +311,30 @@ def test_a_tenant_sees_workers_numbered_and_the_operator_sees_their_hosts(api_cl
         with api_app.state.session_factory() as session, session.begin():
             jobs.beat_worker(session, worker_name=f"celery@{host}", current_request_id=None, alive=False)
         api_client.cookies.clear()
+
+
+def test_the_operator_opens_a_tenants_model_and_nobody_else_can(api_client, ready, make_key):
+    """Names are per tenant, so the operator's dashboard takes `?tenant=` as the API does: the models page
+    lists that tenant's models with links that keep it, and the model page (and its live fragment) shows the
+    stack. A tenant naming another tenant gets the same 404 as for a model that does not exist."""
+    from tests.fixtures_services import ADMIN_SECRET
+
+    tenant = ready.tenant.name
+    operator = signed_in(api_client, ADMIN_SECRET)
+    assert ready.base_model not in operator.get("/dashboard/models").text  # not the operator's own
+    assert operator.get(f"/dashboard/models/{ready.base_model}").status_code == 404
+    listing = operator.get("/dashboard/models", params={"tenant": tenant}).text
+    assert f'href="/dashboard/models/{ready.base_model}?tenant={tenant}"' in listing
+    for params in ({"tenant": tenant}, {"tenant": tenant, "fragment": "1"}):
+        page = operator.get(f"/dashboard/models/{ready.base_model}", params=params)
+        assert page.status_code == 200 and 'class="tl-item base"' in page.text, page.text[:300]
+    assert (
+        f"&amp;tenant={tenant}" in operator.get(f"/dashboard/models/{ready.base_model}?tenant={tenant}").text
+    )
+    assert operator.get("/dashboard/models", params={"tenant": "no-such-tenant"}).status_code == 404
+
+    stranger = signed_in(api_client, make_key(f"t-{uuid.uuid4().hex[:8]}", ["admin"]))
+    for path in ("/dashboard/models", f"/dashboard/models/{ready.base_model}"):
+        assert stranger.get(path, params={"tenant": tenant}).status_code == 404, path
+    assert 'id="tenant-form"' not in stranger.get("/dashboard/models").text
+    api_client.cookies.clear()

@@ -130,6 +130,17 @@ TenantQuery = Annotated[
 ]
 
 
+def tenant_id_for(session: Session, key: ApiKey, tenant: str | None) -> str:
+    """The tenant whose models a route lists or acts on: the key's, or the one the operator names."""
+    return base_models.tenant_for_caller(
+        session,
+        key_tenant_id=key.tenant_id,
+        key_tenant=key.tenant.name,
+        operator=auth.is_operator(key),
+        tenant=tenant,
+    )
+
+
 def base_model_for(session: Session, key: ApiKey, name: str, tenant: str | None) -> BaseModel:
     """The base model a `/base-models/{name}` route acts on (`base_models.get_for_caller`)."""
     return base_models.get_for_caller(

@@ -151,7 +151,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     group = subparsers.add_parser("base-models", help="base-model registry: list, show, register, adapters")
     verbs = group.add_subparsers(dest="verb", required=True)
-    _verb(verbs, "list", run_models_list, "registered base models")
+    p = _verb(verbs, "list", run_models_list, "registered base models: your tenant's and the shared ones")
+    p.add_argument("--tenant", default=None, help="the operator: another tenant's and the shared ones")
     p = _verb(verbs, "show", run_model_show, "one base model")
     p.add_argument("name")
     p.add_argument("--tenant", default=None, help=tenant_help)
@@ -670,7 +671,7 @@ def run_adapters(args: argparse.Namespace) -> int:
 
 
 def run_models_list(args: argparse.Namespace) -> int:
-    _show(args, _call(args, lambda c: c.base_models()), MODEL_COLUMNS)
+    _show(args, _call(args, lambda c: c.base_models(tenant=args.tenant)), MODEL_COLUMNS)
     return 0
 
 

@@ -209,8 +209,9 @@ class BladeClient:
         """`tenant` (the operator): whose model `name` is; names are per tenant."""
         return self.request("GET", f"/base-models/{name}", params=_of_tenant(tenant))
 
-    def base_models(self) -> list[JSON]:
-        return list(self.iter_items("/base-models"))
+    def base_models(self, *, tenant: str | None = None) -> list[JSON]:
+        """The tenant's own and the shared ones; `tenant` (the operator): another tenant's."""
+        return list(self.iter_items("/base-models", _of_tenant(tenant)))
 
     def adapters(self, base_model: str, *, tenant: str | None = None) -> list[JSON]:
         """The model's adapter stack in order, active and disabled."""

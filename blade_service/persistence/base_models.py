@@ -168,26 +168,37 @@ def get_visible(session: Session, *, name: str, tenant_id: str | None) -> BaseMo
     return model
 
 
-def get_for_caller(
-    session: Session, *, name: str, key_tenant_id: str, key_tenant: str, operator: bool, tenant: str | None
-) -> BaseModel:
-    """`get_visible` for the caller's tenant; names are per tenant, so the operator reaches another tenant's
-    model with `tenant` (its name). Anyone else naming a tenant but its own: Forbidden, before any lookup
-    (a 422 for an unknown name would list the tenants)."""
+def tenant_for_caller(
+    session: Session, *, key_tenant_id: str, key_tenant: str, operator: bool, tenant: str | None
+) -> str:
+    """The id of the tenant whose models the caller means: its own, or for the operator the one `tenant`
+    names. Anyone else naming a tenant but its own: Forbidden, before any lookup (a 422 for an unknown name
+    would list the tenants)."""
     if not tenant or tenant == key_tenant:
-        try:
-            return get_visible(session, name=name, tenant_id=key_tenant_id)
-        except NotFound:
-            if not operator:
-                raise
-            raise NotFound(
-                f"no base model {name!r} of your tenant or shared; another tenant's: name it with `tenant`"
-            ) from None
+        return key_tenant_id
     if not operator:
         raise Forbidden(
             "tenant: only the operator names another tenant's model", code="cross_tenant", field="tenant"
         )
-    return get_visible(session, name=name, tenant_id=tenant_named(session, name=tenant).id)
+    return tenant_named(session, name=tenant).id
+
+
+def get_for_caller(
+    session: Session, *, name: str, key_tenant_id: str, key_tenant: str, operator: bool, tenant: str | None
+) -> BaseModel:
+    """`get_visible` for the tenant `tenant_for_caller` names: names are per tenant, so the operator reaches
+    another tenant's model with `tenant` (its name)."""
+    tenant_id = tenant_for_caller(
+        session, key_tenant_id=key_tenant_id, key_tenant=key_tenant, operator=operator, tenant=tenant
+    )
+    try:
+        return get_visible(session, name=name, tenant_id=tenant_id)
+    except NotFound:
+        if not operator or tenant_id != key_tenant_id:
+            raise
+        raise NotFound(
+            f"no base model {name!r} of your tenant or shared; another tenant's: name it with `tenant`"
+        ) from None
 
 
 def list_visible(session: Session, *, tenant_id: str | None) -> list[BaseModel]:

@@ -4,7 +4,7 @@
     GET  /dashboard/requests             requests (filter by state / base model)
     GET  /dashboard/requests/{id}        status, live progress and dynamics charts, metrics, cancel
     GET  /dashboard/requests/{id}/certificate   the printable deletion certificate
-    GET  /dashboard/models               base models
+    GET  /dashboard/models               base models (the operator: ?tenant= another tenant's)
     GET  /dashboard/models/{name}        the adapter stack as a timeline, disable / enable (admin keys)
     GET  /dashboard/audit                the audit log, filterable, with the hash chain verified
     GET/POST /dashboard/login · POST /dashboard/logout (with the session's CSRF token)
@@ -20,15 +20,18 @@ from urllib.parse import quote, urlsplit
 
 from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from sqlalchemy.orm import Session
 
 from blade_service.api.dashboard import queries
 from blade_service.api.dashboard import session as dash_session
 from blade_service.api.dashboard.session import COOKIE, COOKIE_PATH, Viewer, cookie_secret, viewer_for
-from blade_service.api.deps import SessionDep
+from blade_service.api.deps import SessionDep, TenantQuery
 from blade_service.api.observability.state import broker_queue_depths, worker_alive_after_s
 from blade_service.api.routes.certificates import certificate_response
 from blade_service.api.templating import templates
 from blade_service.contracts.names import ALL_QUEUES
+from blade_service.persistence import base_models
+from blade_service.persistence.errors import Forbidden, Invalid
 from blade_service.persistence.settings import Settings, get_settings
 
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
@@ -234,17 +237,42 @@ def certificate_page(request: Request, request_id: str, session: SessionDep, vie
 
 
 @router.get("/models", response_class=HTMLResponse)
-def models_page(request: Request, session: SessionDep, viewer: ViewerDep) -> HTMLResponse:
-    models = queries.visible_base_models(session, tenant_id=viewer.tenant_id)
-    return render(request, "models.html", viewer, page="models", models=models)
+def models_page(
+    request: Request, session: SessionDep, viewer: ViewerDep, tenant: TenantQuery = None
+) -> HTMLResponse:
+    tenant_id = _tenant_of(session, viewer, tenant)
+    if tenant_id is None:
+        return not_found(request, viewer, f"tenant {tenant}")
+    models = queries.visible_base_models(session, tenant_id=tenant_id)
+    shown = tenant if tenant_id != viewer.tenant_id else None
+    return render(request, "models.html", viewer, page="models", models=models, tenant=shown)
 
 
 @router.get("/models/{name}", response_class=HTMLResponse)
-def model_page(request: Request, name: str, session: SessionDep, viewer: ViewerDep) -> HTMLResponse:
-    detail = queries.model_detail(session, tenant_id=viewer.tenant_id, name=name)
+def model_page(
+    request: Request, name: str, session: SessionDep, viewer: ViewerDep, tenant: TenantQuery = None
+) -> HTMLResponse:
+    tenant_id = _tenant_of(session, viewer, tenant)
+    detail = None if tenant_id is None else queries.model_detail(session, tenant_id=tenant_id, name=name)
     if detail is None:
         return not_found(request, viewer, f"base model {name}")
-    return render(request, "model.html", viewer, page="models", m=detail)
+    shown = tenant if tenant_id != viewer.tenant_id else None
+    return render(request, "model.html", viewer, page="models", m=detail, tenant=shown)
+
+
+def _tenant_of(session: Session, viewer: Viewer, tenant: str | None) -> str | None:
+    """The id of the tenant whose models the page shows: the viewer's, or the one the operator names (None
+    for a tenant that does not exist or is not the viewer's to name: the page is a 404 either way)."""
+    try:
+        return base_models.tenant_for_caller(
+            session,
+            key_tenant_id=viewer.tenant_id,
+            key_tenant=viewer.tenant_name,
+            operator=viewer.operator,
+            tenant=tenant,
+        )
+    except (Forbidden, Invalid):
+        return None
 
 
 @router.get("/audit", response_class=HTMLResponse)

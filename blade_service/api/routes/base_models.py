@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Annotated
 
-from fastapi import APIRouter, Body
+from fastapi import APIRouter, Body, Query
 
 from blade_service.api.adapter_views import AdapterView, stack_refs, stack_views
 from blade_service.api.deps import (
@@ -16,6 +16,7 @@ from blade_service.api.deps import (
     StorageDep,
     TenantQuery,
     base_model_for,
+    tenant_id_for,
 )
 from blade_service.api.error_responses import error_responses
 from blade_service.api.pagination import Cursor, Limit, Offset, Page, page_after
@@ -81,10 +82,18 @@ def _stored(storage: Storage, key: str) -> bool:
 
 @router.get("", response_model=Page[BaseModelOut])
 def list_base_models(
-    session: SessionDep, key: ReadKey, limit: Limit = 100, cursor: Cursor = None, offset: Offset = 0
+    session: SessionDep,
+    key: ReadKey,
+    limit: Limit = 100,
+    cursor: Cursor = None,
+    offset: Offset = 0,
+    tenant: Annotated[
+        str | None, Query(max_length=100, description="the operator: list this tenant's (default: yours)")
+    ] = None,
 ) -> Page[BaseModelOut]:
-    """By name, a cursor page."""
-    found = [BaseModelOut.of(m) for m in base_models.list_visible(session, tenant_id=key.tenant_id)]
+    """The tenant's own and the shared ones, by name, a cursor page."""
+    visible = base_models.list_visible(session, tenant_id=tenant_id_for(session, key, tenant))
+    found = [BaseModelOut.of(m) for m in visible]
     return page_after(found, cursor=cursor, kinds="str", limit=limit, offset=offset, key=lambda m: [m.name])
 
 

@@ -5,6 +5,7 @@
   const form = document.getElementById("ask-form");
   if (!form) return;
   const model = decodeURIComponent(location.pathname.split("/").pop());
+  const tenant = new URLSearchParams(location.search).get("tenant"); // the operator, on another tenant's model
   form.addEventListener("submit", async (e) => {
     e.preventDefault();
     const question = document.getElementById("ask-question").value.trim();
@@ -12,7 +13,8 @@
     const button = document.getElementById("ask-btn");
     button.disabled = true;
     try {
-      const d = await Blade.api("POST", `/base-models/${encodeURIComponent(model)}/generate`, { question });
+      const query = tenant ? `?tenant=${encodeURIComponent(tenant)}` : "";
+      const d = await Blade.api("POST", `/base-models/${encodeURIComponent(model)}/generate${query}`, { question });
       document.getElementById("ask-stack").textContent =
         `Answered by the base model${d.stack.length ? ` + ${d.stack.length} active version(s)` : " alone"}, to: ${d.prompt}`;
       document.getElementById("ask-text").textContent = d.text;
