@@ -332,6 +332,9 @@ def test_the_operator_opens_a_tenants_model_and_nobody_else_can(api_client, read
         f"&amp;tenant={tenant}" in operator.get(f"/dashboard/models/{ready.base_model}?tenant={tenant}").text
     )
     assert operator.get("/dashboard/models", params={"tenant": "no-such-tenant"}).status_code == 404
+    for hostile in ("a%00b", "x" * 101, "%ED%A0%80", "%FF"):  # NUL, too long, a lone surrogate, not UTF-8
+        status = operator.get(f"/dashboard/models/{ready.base_model}?tenant={hostile}").status_code
+        assert 400 <= status < 500, (hostile, status)
 
     stranger = signed_in(api_client, make_key(f"t-{uuid.uuid4().hex[:8]}", ["admin"]))
     for path in ("/dashboard/models", f"/dashboard/models/{ready.base_model}"):
