@@ -25,6 +25,7 @@ steps, is off so both methods do a fixed amount of work); the GradDiff step is t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -189,6 +190,7 @@ def work_blade(args: argparse.Namespace, device: torch.device) -> dict[str, floa
     from blade_core import lora
     from blade_core.data import BatchStream
     from blade_core.methods import blade
+    from blade_core.swiglu import recomputed_swiglu
 
     model, rows, labels = _model_and_data(args, device)
     flops = 2 * forward_flops_per_token(model, args.seq)  # frozen base: forward + input gradients
@@ -216,7 +218,8 @@ def work_blade(args: argparse.Namespace, device: torch.device) -> dict[str, floa
         lam = blade.dual_update(lam, out["r"], cfg)
 
     rows_per_step = (cfg.inner_steps + 2) * cfg.grad_accum * args.batch  # K inner + forget + retain
-    return _timed(step, args, device, sum(p.numel() for p in params), rows_per_step * args.seq, flops)
+    with recomputed_swiglu(model) if args.recompute_swiglu else contextlib.nullcontext():  # as the worker
+        return _timed(step, args, device, sum(p.numel() for p in params), rows_per_step * args.seq, flops)
 
 
 def work_grad_diff(args: argparse.Namespace, device: torch.device) -> dict[str, float]:
@@ -552,6 +555,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="CUDA without activation checkpointing (GradDiff's backward fails under CUDA graphs with it)",
     )
     p.add_argument(
+        "--recompute-swiglu",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="BLADE: recompute SwiGLU activations in the backward, as the worker does (blade_core.swiglu)",
+    )
+    p.add_argument(
         "--stacked-forward",
         choices=("auto", "on", "off"),
         default="auto",
@@ -620,6 +629,7 @@ def main(argv: list[str] | None = None) -> int:
             + (f"; activation checkpointing {checkpointing}" if device.type == "cuda" else "")
             + (f"; decoder layers compiled ({args.compile})" if args.compile else "")
             + f"; BLADE's micro-batches {'stacked in one forward a step' if stacked else 'one forward each'}"
+            + f", SwiGLU activations {'recomputed' if args.recompute_swiglu else 'kept'}"
         )
         b, g = _measure_pair(
             ("blade", "grad_diff"),

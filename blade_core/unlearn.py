@@ -34,6 +34,7 @@ from blade_core.data import load_tokenized
 from blade_core.methods import get_method
 from blade_core.methods.base import Hooks, MethodConfig, RunStatus, UnlearnTask
 from blade_core.modeling import enable_activation_checkpointing, load_model_and_tokenizer, pick_device
+from blade_core.swiglu import recomputed_swiglu
 from blade_service.contracts.methods import PRESETS, BaselineConfig
 from blade_service.contracts.params import make_config
 
@@ -202,7 +203,8 @@ def run_unlearning(
         model=net, tokenizer=tokenizer, forget=forget_data, retain=retain_data, device=dev, hooks=hooks
     )
     try:
-        result = get_method(method).train(task, config)
+        with recomputed_swiglu(net):  # one (B, T, I) activation fewer per layer, the same gradients
+            result = get_method(method).train(task, config)
     finally:
         if bar is not None:
             bar.close()
