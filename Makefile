@@ -30,8 +30,8 @@ constraints:
 browser:
 	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
-run: install
-	$(VENV)/bin/blade up --port 8000 --data-dir ./var
+run: install  # BLADE_PORT=8001 make run: another port
+	$(VENV)/bin/blade up --data-dir ./var
 
 # Every tier; a tier whose PostgreSQL, Redis or Chromium is missing fails (tests/tiers.py).
 test: install browser

@@ -22,6 +22,9 @@ from blade_service.contracts.records import load_dataset_rows
 # at learning rates far too low for its model (the reason this check exists) by less than 0.005.
 UNCHANGED_PROB_DELTA = 0.02
 PROBE_ROWS = 32  # forget rows scored before and after (a seeded sample; all of them when fewer)
+# Forget Prob below this before a run: the model already fails the set (the demo request ends near 0.001), so
+# an unchanged Prob means nothing was left to forget, not a learning rate too low.
+ALREADY_FORGOTTEN_PROB = 0.05
 
 
 def essentially_unchanged(before: float | None, after: float | None) -> bool:
@@ -37,6 +40,13 @@ def unchanged_warning(
     """The warning text for a run whose forget Prob did not move ('' when it did)."""
     if not essentially_unchanged(before, after):
         return ""
+    assert before is not None and after is not None  # essentially_unchanged needs both
+    if before < ALREADY_FORGOTTEN_PROB:
+        return (
+            f"forget Prob essentially unchanged ({before:.3f} -> {after:.3f}): it was already below "
+            f"{ALREADY_FORGOTTEN_PROB} before this run, so the model did not know this forget set to begin "
+            "with (already forgotten by an earlier version, or never learned)."
+        )
     rule = lr_rule or {}
     rates = ", ".join(f"{k}={v:.3g}" for k, v in sorted((rule.get("learning_rates") or {}).items()))
     return (

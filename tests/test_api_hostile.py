@@ -423,3 +423,22 @@ def test_past_the_bound_on_calls_waiting_for_a_worker_the_next_is_429_at_once(ap
     finally:
         for _ in range(held):
             worker_waits._slots.release()
+
+
+def test_validation_messages_name_the_field_in_words(api_client, ready):
+    """A string's length in characters (pydantic says "items" for a constrained annotated str), one line for
+    a union's members under the field's own name (not "cascade.bool"), and a body that is not JSON is the
+    body's fault."""
+    admin = headers(ready.tenant.admin)
+    resp = api_client.post(f"/base-models/{ready.base_model}/generate", headers=admin, json={"prompt": ""})
+    error = resp.json()["error"]
+    assert resp.status_code == 422 and error["field"] == "prompt"
+    assert error["message"] == "prompt: must be at least 1 character long, not 0"
+    resp = api_client.post("/adapters/ad_x/disable", headers=admin, json={"reason": "r", "cascade": "bogus"})
+    error = resp.json()["error"]
+    assert resp.status_code == 422 and error["field"] == "cascade" and len(error["details"]) == 1
+    assert "valid boolean" in error["message"] and "'retrain'" in error["message"]
+    resp = api_client.post(
+        "/unlearn-requests", headers={**admin, "Content-Type": "application/json"}, content=b"x"
+    )
+    assert resp.status_code == 422 and resp.json()["error"]["field"] == "body"

@@ -206,7 +206,12 @@ def test_same_dataset_twice_and_missing_fields_are_refused(api_client, ready, db
         headers={**headers(ready.tenant.admin), "Content-Type": "application/json"},
         content=b"{nope",
     )
-    assert resp.status_code == 422 and "invalid JSON" in resp.json()["error"]["message"]
+    error = resp.json()["error"]
+    assert (
+        resp.status_code == 422
+        and error["field"] == "body"
+        and error["message"].startswith("body: invalid JSON")
+    )
     assert row_counts(db_engine) == before
 
 

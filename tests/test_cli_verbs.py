@@ -492,3 +492,25 @@ def test_compact_wait_polls_the_operation_to_its_end(api_client, api_app, ready,
     )
     thread.join()
     assert status == 1 and json.loads(out)["status"] == "failed", (out, err)
+
+
+def test_blade_up_listens_where_blade_port_says_and_its_busy_port_error_says_how_to_move(
+    tmp_path, monkeypatch, capsys
+):
+    """`make run` passes no --port: BLADE_PORT (the README's table) moves it, and a taken port says how."""
+    import socket
+
+    from blade_service.persistence import settings as settings_module
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setenv("BLADE_PORT", str(port))
+        settings_module.get_settings.cache_clear()
+        try:
+            assert main(["up", "--data-dir", str(tmp_path / "var")]) == 2
+        finally:
+            settings_module.get_settings.cache_clear()
+    err = capsys.readouterr().err
+    assert f"port {port} on 127.0.0.1 is already in use" in err and "BLADE_PORT=N make run" in err

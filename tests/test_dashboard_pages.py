@@ -37,6 +37,8 @@ def csrf_of(client, path: str = "/dashboard") -> str:
 
 def test_pages_need_a_valid_key(api_client):
     api_client.cookies.clear()
+    root = api_client.get("/", follow_redirects=False)  # the URL `blade up` prints, opened in a browser
+    assert root.status_code == 307 and root.headers["location"] == "/dashboard"
     resp = api_client.get("/dashboard/audit?action=x", follow_redirects=False)
     assert resp.status_code == 303
     assert resp.headers["location"] == "/dashboard/login?next=/dashboard/audit%3Faction%3Dx"
@@ -225,6 +227,18 @@ def test_non_converged_run_has_an_amber_badge(api_client, api_app, ready):
     client = signed_in(api_client, ready.tenant.admin)
     assert "badge amber not-converged" in client.get(f"/dashboard/requests/{rid}").text
     assert "badge amber not-converged" in client.get("/dashboard/requests").text
+    assert "run-warning" not in client.get(f"/dashboard/requests/{rid}").text
+    # The run's warnings (the worker keeps them with the metrics after it) are shown on its page.
+    from blade_service.persistence.models import UnlearnRequest
+
+    with api_app.state.session_factory() as session, session.begin():
+        request = session.get(UnlearnRequest, rid)
+        request.metrics_after = {**request.metrics_after, "warnings": ["forget Prob essentially unchanged"]}
+    page = client.get(f"/dashboard/requests/{rid}").text
+    assert (
+        '<div class="notice warn run-warning" style="margin-top:12px">forget Prob essentially unchanged'
+        in page
+    )
     api_client.cookies.clear()
 
 

@@ -242,3 +242,34 @@ def test_a_failure_carries_a_code_and_a_readable_message(e2e_logs, world):
         with pytest.raises(ApiError) as unloadable:
             c.generate(name, "Who?", max_new_tokens=2)
         assert (unloadable.value.status, unloadable.value.code) == (503, "base_model_unavailable")
+
+
+def test_a_run_that_forgot_nothing_says_so_with_its_metrics(e2e_logs, world):
+    """A learning rate far too small leaves forget Prob where it was: the worker keeps the run's warning with
+    the metrics after it (`after.warnings`), and `blade metrics` prints it, as `blade unlearn` does."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.fixtures_worker import ROOT
+
+    e2e = e2e_logs
+    with e2e.client() as c:
+        params = {**QUICK, "max_steps": 1, "eta_out": 1e-12, "eta_in": 1e-12}
+        rid = c.submit(world["base_model"], world["forget"], world["retain"], params=params)["id"]
+        done = _wait(c, rid)
+        assert done["status"] in ("succeeded", "rejected"), done
+        warnings = c.metrics(rid)["after"]["warnings"]
+    assert len(warnings) == 1 and warnings[0].startswith("forget Prob essentially unchanged"), warnings
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BLADE_")}
+    env.update({"BLADE_API_URL": e2e.url, "BLADE_API_KEY": e2e.admin_key})
+    shown = subprocess.run(
+        [sys.executable, "-m", "blade_service.cli", "metrics", rid],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0 and f"warning: {warnings[0]}" in shown.stderr, shown.stderr

@@ -120,6 +120,9 @@ def test_essentially_unchanged_is_a_delta_below_the_threshold():
     assert unchanged_warning(0.97, 0.10) == ""
     text = unchanged_warning(0.97, 0.965, {"factor": 1.0, "learning_rates": {"eta_out": 5e-5}})
     assert "forget Prob essentially unchanged (0.970 -> 0.965" in text and "eta_out=5e-05" in text
+    # Nothing left to forget: an unchanged Prob near zero is not a learning rate too low.
+    done = unchanged_warning(0.0004, 0.0003, {"factor": 400.0, "learning_rates": {"eta_out": 2e-2}})
+    assert "already below" in done and "learning rate" not in done and "--set" not in done
 
 
 def _unlearn(world, out, *extra):

@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from blade_service.persistence import audit, auth, base_models, datasets, registry, requests
 from blade_service.persistence.errors import Invalid, NotFound
-from blade_service.persistence.models import AdapterState, AuditEntry, RequestStatus
+from blade_service.persistence.models import AdapterState, AdapterVersion, AuditEntry, RequestStatus
 from blade_service.persistence.storage import LocalStorage
 from tests.fixtures_services import jsonl, qa_rows
 
@@ -248,3 +248,24 @@ def test_a_name_two_tenants_hold_names_no_single_model(world):
         assert task_base_model(s, base_model_id=None, base_model=world.model) is None
         with pytest.raises(NotFound, match="ambiguous"):
             registry.list_stack(s, world.model)
+
+
+def test_a_compaction_is_not_stale_once_its_own_versions_are_restored_below_it():
+    """Restoring the versions a compaction replaced (disable it, enable them) puts them below it: they are
+    what it carries, not a stack it was trained without. Another version enabled below it still counts."""
+
+    def version(vid: str, state: AdapterState, parents: list[str], contains: list[str] | None = None):
+        kind = registry.COMPACTION_KIND if contains else "adapter"
+        lineage = {"contains": contains} if contains else None
+        return AdapterVersion(id=vid, state=state, kind=kind, parent_stack=parents, lineage=lineage)
+
+    active, disabled = AdapterState.ACTIVE, AdapterState.DISABLED
+    restored = [
+        version("v1", active, []),
+        version("v2", active, ["v1"]),
+        version("v3", disabled, [], contains=["v1", "v2"]),
+        version("v4", active, ["v3"]),  # trained on the compaction: v1 and v2 stand for it
+    ]
+    assert registry.stale_flags(restored) == {"v1": False, "v2": False, "v3": False, "v4": False}
+    extra = [version("v0", active, []), *restored]  # a version the compaction never saw, enabled below it
+    assert registry.stale_flags(extra)["v3"] is True

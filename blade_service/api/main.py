@@ -89,12 +89,33 @@ def error_response(
     return ErrorJSON({"error": error}, status_code=status, headers=headers)
 
 
+# What pydantic appends to an error's location for the member of a union it tried ("cascade.bool"): type
+# names, never a field of ours.
+_UNION_MEMBER_TAGS = frozenset({"bool", "str", "int", "float", "none", "list", "dict", "bytes", "tuple"})
+
+
 def _field_of(loc: tuple[Any, ...]) -> str:
-    """('body', 'params', 'tau') -> 'params.tau'; ('query', 'limit') -> 'limit'; ('body',) -> 'body'."""
+    """('body', 'params', 'tau') -> 'params.tau'; ('query', 'limit') -> 'limit'; ('body',) -> 'body';
+    ('body', 'cascade', "literal['retrain']") -> 'cascade' (a union member's tag is not a field)."""
     parts = (
         [str(p) for p in loc[1:]] if len(loc) > 1 and loc[0] in ("body", "query", "path", "header") else []
     )
+    while len(parts) > 1 and (parts[-1] in _UNION_MEMBER_TAGS or "[" in parts[-1]):
+        parts.pop()
     return ".".join(parts) or str(loc[0] if loc else "body")
+
+
+def _message_of(err: dict[str, Any]) -> str:
+    """pydantic's message, in words for strings (its constraints on an annotated str say "items")."""
+    kind, ctx = err.get("type"), err.get("ctx") or {}
+    if kind == "json_invalid":
+        return "invalid JSON" + (f" ({ctx['error']})" if ctx.get("error") else "")
+    if kind in ("too_short", "too_long") and isinstance(err.get("input"), str):
+        short = kind == "too_short"
+        which, n = ("at least", ctx.get("min_length")) if short else ("at most", ctx.get("max_length"))
+        unit = "character" if n == 1 else "characters"
+        return f"must be {which} {n} {unit} long, not {ctx.get('actual_length')}"
+    return str(err.get("msg", "invalid"))
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -105,10 +126,14 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
-        details = []
+        details: list[dict[str, str]] = []
         for err in errors[:MAX_DETAILS]:
-            field = _field_of(tuple(err.get("loc", ())))
-            message = "invalid JSON" if err.get("type") == "json_invalid" else err.get("msg", "invalid")
+            loc = tuple(err.get("loc", ()))
+            field = "body" if err.get("type") == "json_invalid" else _field_of(loc)  # loc: (body, offset)
+            message = _message_of(err)
+            if details and details[-1]["field"] == field:  # the members of one union: one line
+                details[-1]["message"] += f"; or {message}"
+                continue
             details.append({"field": field, "message": f"{field}: {message}"})
         first = details[0] if details else {"field": "body", "message": "body: invalid request"}
         more = {"more_details": len(errors) - MAX_DETAILS} if len(errors) > MAX_DETAILS else {}

@@ -350,7 +350,16 @@ def _finish(args: argparse.Namespace, client: Any, state: dict[str, Any]) -> dic
         display.print_summary(_console(), state, metrics)
         _restart_lines(client.events(state["id"]))
     _convergence_line(state)
+    _run_warning_lines(metrics)
     return state
+
+
+def _run_warning_lines(metrics: Any) -> None:
+    """The training run's warnings (stderr), e.g. that forget Prob did not move: the worker keeps them with
+    the metrics after the run (`after.warnings`)."""
+    after = (metrics or {}).get("after") if isinstance(metrics, dict) else None
+    for warning in (after or {}).get("warnings") or []:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def _restart_lines(records: list[dict[str, Any]]) -> None:
@@ -537,6 +546,7 @@ def run_metrics(args: argparse.Namespace) -> int:
     else:
         rows = display.metric_rows(doc.get("before"), doc.get("after"))
         display.print_table(_console(), rows, ["metric", "before", "after", "change"], title=doc["status"])
+    _run_warning_lines(doc)
     return 0
 
 

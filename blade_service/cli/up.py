@@ -37,8 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="API + one real Celery worker + SQLite + a server-less broker + "
         "artifacts on local disk, with the demo base model `demo-tiny`.",
     )
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=None, help="default: BLADE_PORT, else 8000")
+    p.add_argument("--host", default=None, help="default: BLADE_HOST, else 127.0.0.1")
     p.add_argument("--data-dir", type=Path, default=Path("./var"))
     p.add_argument(
         "--demo-model",
@@ -247,8 +247,10 @@ def run_up(args: argparse.Namespace) -> int:
 
     data_dir = args.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    given_key = get_settings().bootstrap_admin_key
-    key = _admin_key(data_dir, given_key)
+    given = get_settings()
+    args.host = args.host or given.host
+    args.port = args.port if args.port is not None else given.port
+    key = _admin_key(data_dir, given.bootstrap_admin_key)
     settings = Settings(data_dir=data_dir, host=args.host, port=args.port, bootstrap_admin_key=key)
     env = dict(os.environ)  # the children read the same settings from their environment
     env.update(
@@ -263,12 +265,13 @@ def run_up(args: argparse.Namespace) -> int:
     # The demo model is tiny: one torch thread trains it fastest, and two threads on a 2-core machine that is
     # busy with anything else slow each step down many times over (3 s instead of 0.05 s per build step).
     env.setdefault("OMP_NUM_THREADS", "1")
-    generated_here = not given_key
+    generated_here = not given.bootstrap_admin_key
 
     with socket.socket() as probe:
         if probe.connect_ex((args.host, args.port)) == 0:
             raise CliError(
-                f"port {args.port} on {args.host} is already in use (is another `blade up` running?)"
+                f"port {args.port} on {args.host} is already in use (is another `blade up` running?); "
+                "another port: --port N, or BLADE_PORT=N make run"
             )
 
     model_dir, key_is_new = _prepare(settings, args.demo_model, save_key=True)

@@ -83,7 +83,8 @@ def stale_flags(stack: list[AdapterVersion]) -> dict[str, bool]:
     """adapter id -> trained_on_stale, for a whole stack as `list_stack` returns it.
 
     A compacted version stands for the versions it contains: an adapter trained on v1..v3 is not stale on a
-    stack where their compaction v4 is active instead, and v1..v3 themselves are not (v4 carries them).
+    stack where their compaction v4 is active instead, and v1..v3 themselves are not (v4 carries them); nor is
+    v4 when v1..v3 are active again below it (restored by disabling v4 and enabling them).
     """
     contains = {a.id: list((a.lineage or {}).get("contains", [])) for a in stack if a.kind == COMPACTION_KIND}
     carried = {
@@ -96,7 +97,9 @@ def stale_flags(stack: list[AdapterVersion]) -> dict[str, bool]:
     active_below: list[str] = []
     for adapter in stack:
         parents = _expand(list(adapter.parent_stack or []), contains)
-        flags[adapter.id] = adapter.id not in carried and parents != _expand(active_below, contains)
+        own = set(_expand(contains.get(adapter.id, []), contains))  # a compaction's own versions, restored
+        below = [i for i in _expand(active_below, contains) if i not in own]
+        flags[adapter.id] = adapter.id not in carried and parents != below
         if adapter.state == AdapterState.ACTIVE:
             active_below = [*active_below, adapter.id]
     return flags

@@ -22,6 +22,7 @@ The life of one unlearn task (`unlearn(request_id=...)`):
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -190,6 +191,8 @@ def _run_request(ctx: RunContext, lease: LeaseKeeper) -> str:
 
     after = _measure(base_ref, [*stack_dirs, out_dir], forget_rows, retain_rows, settings, probes)
     after["stack"] = [a["id"] for a in ctx.stack] + ["(this request)"]
+    if warnings := _run_warnings(out_dir):  # e.g. forget Prob unchanged: shown with the metrics
+        after["warnings"] = warnings
     verdict = gate_verdict(
         settings=settings,
         storage=storage,
@@ -333,6 +336,15 @@ def _register_adapter(
                 operator=True,
             )
     return adapter
+
+
+def _run_warnings(out_dir: Path) -> list[str]:
+    """The training run's warnings, from the run.json it staged with the adapter (so a redelivery that did
+    not train again has them too)."""
+    try:
+        return list(json.loads((out_dir / "run.json").read_text()).get("warnings") or [])
+    except (OSError, ValueError):
+        return []
 
 
 def _describe(ctx: RunContext, base_ref: str, out_dir: Path) -> None:

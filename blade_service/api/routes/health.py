@@ -1,4 +1,5 @@
-"""`GET /healthz` (the process answers) and `GET /readyz` (the database and the broker answer)."""
+"""`GET /healthz` (the process answers), `GET /readyz` (the database and the broker answer), and `GET /`,
+which sends a browser that opened the URL `blade up` prints to the dashboard."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, RedirectResponse
 from kombu import Connection
 from sqlalchemy import text
 
@@ -17,6 +18,11 @@ router = APIRouter(tags=["health"])
 log = logging.getLogger("blade.api")
 CHECK_TIMEOUT_S = 3.0
 _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="readyz")
+
+
+@router.get("/", include_in_schema=False)
+def root() -> RedirectResponse:
+    return RedirectResponse("/dashboard", status_code=307)
 
 
 @router.get("/healthz", response_model=HealthOut)
