@@ -236,6 +236,15 @@ def test_an_unreachable_hub_registers_with_a_warning(api_client, admin_key, hub_
     assert got["warnings"] == [] and got["revision"] == "v1"
 
 
+def test_a_directory_on_the_workers_registers_with_a_warning_that_it_was_not_checked(api_client, admin_key):
+    """The API cannot see the workers' disks: a directory source is registered, but not as if checked."""
+    resp = register(api_client, admin_key, f"dir-{os.urandom(4).hex()}", "/nonexistent/model-dir")
+    assert resp.status_code == 201, resp.text
+    [warning] = resp.json()["warnings"]
+    assert "'/nonexistent/model-dir' is a directory on the workers, not checked here" in warning
+    assert "base_model_unavailable" in warning
+
+
 # --- the worker: resolving from the hub cache -------------------------------------------------------------
 
 

@@ -95,3 +95,20 @@ def test_cursor_round_trip():
     assert decode_cursor(None, "int") is None
     with pytest.raises(Invalid):
         decode_cursor(encode_cursor([True]), "int")
+
+
+def test_a_list_that_pages_by_cursor_only_refuses_an_offset(api_client, ready):
+    """The audit log, a request's events and a webhook's deliveries ignored `offset` and served the first page
+    again: now a 422 naming it, which says what to pass instead."""
+    admin = headers(ready.tenant.admin)
+    rid = api_client.post("/unlearn-requests", headers=admin, json=ready.body()).json()["id"]
+    hook = api_client.post("/webhooks", headers=admin, json={"url": "https://hooks.example.com/x"}).json()[
+        "id"
+    ]
+    for path in ("/audit-log", f"/unlearn-requests/{rid}/events", f"/webhooks/{hook}/deliveries"):
+        resp = api_client.get(path, headers=admin, params={"offset": 5})
+        error = resp.json()["error"]
+        assert resp.status_code == 422 and error["field"] == "offset" and "next_cursor" in error["message"], (
+            path
+        )
+        assert api_client.get(path, headers=admin).status_code == 200, path

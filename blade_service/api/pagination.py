@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, Generic, TypeVar
 
-from fastapi import Query
+from fastapi import Query, Request
 from pydantic import BaseModel as Schema
 from pydantic import Field
 
@@ -34,6 +34,15 @@ Cursor = Annotated[
     str | None, Query(max_length=512, description="`next_cursor` of the previous page; omit for the first")
 ]
 Offset = Annotated[int, Query(ge=0, description="items to skip (page by number; `cursor` is stabler)")]
+
+
+def cursor_only(request: Request) -> None:
+    """For a list that pages by cursor only: an `offset` is refused, not ignored (the client would get the
+    first page again and think it the next)."""
+    if "offset" in request.query_params:
+        raise Invalid(
+            "offset: this list pages by cursor only; pass the previous page's next_cursor", field="offset"
+        )
 
 
 class Page(Schema, Generic[T]):

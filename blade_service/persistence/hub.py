@@ -131,6 +131,11 @@ def check_source(
     if is_local_path(source) or is_storage_key(source):
         if (revision or "").strip():
             raise Invalid("revision: only a hub-id source has a revision", field="revision")
-        return None, None
+        if is_storage_key(source):
+            return None, None
+        return None, (  # the API cannot see the workers' disks: say so rather than pass it as checked
+            f"source {source!r} is a directory on the workers, not checked here: the first request fails "
+            "as base_model_unavailable if the workers cannot read a model there"
+        )
     ref = parse(source, revision)
     return ref.revision, check_exists(ref, hub_url=hub_url, timeout_s=timeout_s, token=token)

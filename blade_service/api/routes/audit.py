@@ -7,17 +7,17 @@ including the installation's own (tenant-less) ones such as shared base models r
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 
 from blade_service.api.deps import ReadKey, SessionDep, SettingsDep, StorageDep
-from blade_service.api.pagination import Cursor, Limit, Page, decode_cursor, page
+from blade_service.api.pagination import Cursor, Limit, Page, cursor_only, decode_cursor, page
 from blade_service.api.schemas import AuditEntryOut, ChainOut
 from blade_service.persistence import audit, audit_heads, auth
 
 router = APIRouter(prefix="/audit-log", tags=["audit"])
 
 
-@router.get("", response_model=Page[AuditEntryOut])
+@router.get("", response_model=Page[AuditEntryOut], dependencies=[Depends(cursor_only)])
 def list_audit_log(
     session: SessionDep,
     key: ReadKey,

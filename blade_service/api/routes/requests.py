@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Depends, Header, Query, Response
 from sqlalchemy.orm import Session
 
 from blade_service.api.deps import ReadKey, ReadSessionDep, SessionDep, SubmitKey
-from blade_service.api.pagination import Cursor, Limit, Offset, Page, decode_cursor, page
+from blade_service.api.pagination import Cursor, Limit, Offset, Page, cursor_only, decode_cursor, page
 from blade_service.api.schemas import CancelIn, MetricsOut, UnlearnRequestIn, UnlearnRequestOut
 from blade_service.persistence import auth, requests
 from blade_service.persistence.models import RequestStatus, UnlearnRequest
@@ -105,7 +105,7 @@ def get_request(request_id: str, session: ReadSessionDep, key: ReadKey) -> Respo
     return json_response(out)
 
 
-@router.get("/{request_id}/events", response_model=Page[dict[str, Any]])
+@router.get("/{request_id}/events", response_model=Page[dict[str, Any]], dependencies=[Depends(cursor_only)])
 def list_request_events(
     request_id: str,
     session: SessionDep,

@@ -11,13 +11,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from pydantic import BaseModel as Schema
 from pydantic import ConfigDict, Field
 
 from blade_service.api.deps import AdminKey, SessionDep, SettingsDep
 from blade_service.api.input_guard import SafeStr
-from blade_service.api.pagination import MAX_LIMIT, Cursor, Limit, Offset, Page, page_after
+from blade_service.api.pagination import MAX_LIMIT, Cursor, Limit, Offset, Page, cursor_only, page_after
 from blade_service.api.schemas import ErrorOut
 from blade_service.persistence import auth, webhooks
 from blade_service.persistence.webhook_outbox import EVENTS
@@ -121,7 +121,10 @@ def disable_webhook(webhook_id: str, session: SessionDep, key: AdminKey) -> Webh
 
 
 @router.get(
-    "/{webhook_id}/deliveries", response_model=Page[DeliveryOut], responses={404: {"model": ErrorOut}}
+    "/{webhook_id}/deliveries",
+    response_model=Page[DeliveryOut],
+    responses={404: {"model": ErrorOut}},
+    dependencies=[Depends(cursor_only)],
 )
 def list_webhook_deliveries(
     webhook_id: str, session: SessionDep, key: AdminKey, limit: Limit = 100, cursor: Cursor = None
