@@ -149,6 +149,12 @@ def _require_dir_or_hub_id(ref: str | Path) -> None:
         raise BaseModelUnavailable(f"{ref}: no such directory (nor a hub id: name or namespace/name)")
 
 
+def _where(ref: str | Path) -> str:
+    """For a reference that is no path here: that it was read as a hub id (a registered base-model name is
+    the service's, not a directory or a hub id)."""
+    return "" if Path(str(ref)).exists() else "no such directory here, so it was read as a hub id, and "
+
+
 def load_tokenizer(ref: str | Path, revision: str | None = None) -> PreTrainedTokenizerBase:
     """Tokenizer of a local model dir or hub id (at `revision`), with a pad token guaranteed (eos when the
     model has none)."""
@@ -156,7 +162,7 @@ def load_tokenizer(ref: str | Path, revision: str | None = None) -> PreTrainedTo
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(ref), revision=revision, trust_remote_code=False)
     except (OSError, ValueError) as exc:  # no such dir or hub id, no tokenizer files, unreadable files
-        raise BaseModelUnavailable(f"{ref}: the tokenizer could not be loaded: {exc}") from exc
+        raise BaseModelUnavailable(f"{ref}: {_where(ref)}the tokenizer could not be loaded: {exc}") from exc
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -190,7 +196,7 @@ def load_model(
                 str(ref), revision=revision, dtype=dtype, trust_remote_code=False, use_safetensors=True
             )
     except OSError as exc:  # no such dir or hub id, no safetensors weights, unreadable files
-        raise BaseModelUnavailable(f"{ref}: the model could not be loaded: {exc}") from exc
+        raise BaseModelUnavailable(f"{ref}: {_where(ref)}the model could not be loaded: {exc}") from exc
     module: torch.nn.Module = model  # transformers wraps PreTrainedModel.to in a way mypy misreads
     return module.to(device)
 

@@ -140,6 +140,15 @@ def test_lists_page_transparently(api_client, tenant, blade, live_url):
     assert status == 0 and {d["id"] for d in json.loads(out)} == ids
     status, out, _ = blade(tenant.admin, "datasets", "list")
     assert status == 0 and all(i in out for i in ids) and "rows" in out
+    # A deleted dataset's record (kept for the audit) is listed with --all only.
+    gone = sorted(ids)[0]
+    assert api_client.delete(f"/datasets/{gone}", headers=headers(tenant.admin)).status_code == 200
+    status, out, _ = blade(tenant.admin, "datasets", "list", "--json")
+    assert status == 0 and {d["id"] for d in json.loads(out)} == ids - {gone}
+    status, out, _ = blade(tenant.admin, "datasets", "list", "--all", "--json")
+    assert status == 0 and {d["id"] for d in json.loads(out)} == ids
+    with BladeClient(live_url, api_key=tenant.admin) as c:
+        assert [d["id"] for d in c.datasets(purged=True)] == [gone]
 
 
 def test_request_verbs(api_client, api_app, ready, blade, enqueued):
@@ -514,3 +523,18 @@ def test_blade_up_listens_where_blade_port_says_and_its_busy_port_error_says_how
             settings_module.get_settings.cache_clear()
     err = capsys.readouterr().err
     assert f"port {port} on 127.0.0.1 is already in use" in err and "BLADE_PORT=N make run" in err
+
+
+def test_blade_version_and_submit_help_name_what_they_take(capsys):
+    from importlib.metadata import version
+
+    from blade_service.contracts.methods import METHOD_NAMES
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"blade {version('blade-service')}"
+    with pytest.raises(SystemExit):
+        main(["submit", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert all(name in text for name in METHOD_NAMES) and "seconds --wait waits" in text
+    assert "a registered base model" in text and "gets the first request back" in text

@@ -293,6 +293,10 @@ by_main = load_model(main, cpu)(ids).logits
 out["same_as_pinned"] = bool(torch.equal(by_dir, by_id))
 out["differs_from_main"] = not torch.equal(by_dir, by_main)
 out["tokenizer_by_id"] = load_tokenizer("org/tiny", revision=sys.argv[2]).pad_token is not None
+try:
+    load_model("demo-tiny", cpu)  # a service's registered name, given to `blade unlearn --model`
+except Exception as exc:
+    out["bare_name"] = str(exc)
 print(json.dumps(out))
 """
 
@@ -327,6 +331,7 @@ def test_the_worker_loads_a_hub_model_from_the_hub_cache(hub_home, tmp_path):
     assert "org/missing" in out["org/missing"][1] and "cache" in out["org/missing"][1].lower()
     assert "v9" in out["org/tiny"][1]
     assert out["same_as_pinned"] and out["differs_from_main"] and out["tokenizer_by_id"]
+    assert out["bare_name"].startswith("demo-tiny: no such directory here, so it was read as a hub id")
 
 
 TASK_SCRIPT = r"""

@@ -51,23 +51,26 @@ def _verb(subparsers: Any, name: str, func: Callable[[argparse.Namespace], int],
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from blade_service.contracts.methods import METHOD_NAMES
+
     p = _verb(subparsers, "submit", run_submit, "submit an unlearn request")
-    p.add_argument("--base-model", required=True)
+    p.add_argument("--base-model", required=True, help="a registered base model (blade base-models list)")
     p.add_argument("--forget", required=True, help="a dataset id, or a file to upload first")
     p.add_argument("--retain", required=True, help="a dataset id, or a file to upload first")
-    p.add_argument("--method", default=None)
+    p.add_argument("--method", default=None, help=f"one of {', '.join(METHOD_NAMES)} (default: blade)")
     p.add_argument("--preset", default=None, help="a named config of the method (e.g. tofu, muse, lora)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a method parameter")
     p.add_argument("--metadata", default=None, help="a JSON object stored with the request")
-    p.add_argument("--idempotency-key", default=None)
+    retry = "a retry with this key gets the first request back, not a second"
+    p.add_argument("--idempotency-key", default=None, help=retry)
     p.add_argument("--wait", action="store_true", help="show live progress until it ends, then a summary")
-    p.add_argument("--timeout", type=float, default=3600.0)
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds --wait waits (default: 3600)")
 
     p = _verb(subparsers, "status", run_status, "show an unlearn request")
     p.add_argument("request_id")
     p.add_argument("--events", action="store_true", help="also the training dynamics, as a table")
     p.add_argument("--wait", action="store_true", help="show live progress until it ends, then a summary")
-    p.add_argument("--timeout", type=float, default=3600.0)
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds --wait waits (default: 3600)")
 
     p = _verb(subparsers, "requests", run_requests, "list unlearn requests (newest first)")
     p.add_argument("--status", default=None)
@@ -142,7 +145,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     group = subparsers.add_parser("datasets", help="forget/retain datasets: list, show, upload, delete")
     verbs = group.add_subparsers(dest="verb", required=True)
-    _verb(verbs, "list", run_datasets_list, "your datasets (newest first)")
+    p = _verb(verbs, "list", run_datasets_list, "your datasets (newest first)")
+    p.add_argument("--all", action="store_true", help="also the records of deleted or purged ones")
     _verb(verbs, "show", run_dataset_show, "one dataset").add_argument("dataset_id")
     _verb(verbs, "upload", run_dataset_upload, "upload and validate a dataset file").add_argument(
         "file", type=Path
@@ -734,7 +738,7 @@ def run_model_policy(args: argparse.Namespace) -> int:
 
 
 def run_datasets_list(args: argparse.Namespace) -> int:
-    _show(args, _call(args, lambda c: c.datasets()), DATASET_COLUMNS)
+    _show(args, _call(args, lambda c: c.datasets(purged=None if args.all else False)), DATASET_COLUMNS)
     return 0
 
 

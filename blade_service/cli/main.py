@@ -30,10 +30,20 @@ class CliError(Exception):
     """A user-facing failure: printed as one paragraph, exit status 2."""
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("blade-service")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="blade", description="BLADE unlearning: engine, benchmark, service."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         try:

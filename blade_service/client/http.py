@@ -176,11 +176,12 @@ class BladeClient:
     def dataset(self, dataset_id: str) -> JSON:
         return self.request("GET", f"/datasets/{dataset_id}")
 
-    def iter_datasets(self) -> Iterator[JSON]:
-        return self.iter_items("/datasets")
+    def iter_datasets(self, *, purged: bool | None = None) -> Iterator[JSON]:
+        """`purged` False: only datasets whose bytes are kept; True: only purged ones; None: all."""
+        return self.iter_items("/datasets", None if purged is None else {"purged": str(purged).lower()})
 
-    def datasets(self) -> list[JSON]:
-        return list(self.iter_datasets())
+    def datasets(self, *, purged: bool | None = None) -> list[JSON]:
+        return list(self.iter_datasets(purged=purged))
 
     def delete_dataset(self, dataset_id: str) -> JSON:
         """DELETE /datasets/{id}: its bytes go; the record stays (409 while a running request uses it)."""

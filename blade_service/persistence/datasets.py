@@ -90,8 +90,10 @@ def list_datasets(
     limit: int = 100,
     offset: int = 0,
     after: tuple[datetime, str] | None = None,
+    purged: bool | None = None,
 ) -> list[Dataset]:
-    """Newest first; `after` (created_at, id) of the last dataset of the previous page starts after it."""
+    """Newest first; `after` (created_at, id) of the last dataset of the previous page starts after it;
+    `purged` False: only those whose bytes are kept, True: only the records of purged ones."""
     query = (
         select(Dataset)
         .where(Dataset.tenant_id == tenant_id)
@@ -104,4 +106,6 @@ def list_datasets(
         query = query.where(
             (Dataset.created_at < created) | ((Dataset.created_at == created) & (Dataset.id > dataset_id))
         )
+    if purged is not None:
+        query = query.where(Dataset.purged_at.is_not(None) if purged else Dataset.purged_at.is_(None))
     return list(session.scalars(query))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, File, UploadFile
+from typing import Annotated
+
+from fastapi import APIRouter, File, Query, UploadFile
 
 from blade_service.api.deps import ReadKey, SessionDep, SettingsDep, StorageDep, SubmitKey
 from blade_service.api.pagination import Cursor, Limit, Offset, Page, decode_cursor, page
@@ -42,7 +44,14 @@ def upload_dataset(
 
 @router.get("", response_model=Page[DatasetOut])
 def list_datasets(
-    session: SessionDep, key: ReadKey, limit: Limit = 100, cursor: Cursor = None, offset: Offset = 0
+    session: SessionDep,
+    key: ReadKey,
+    limit: Limit = 100,
+    cursor: Cursor = None,
+    offset: Offset = 0,
+    purged: Annotated[
+        bool | None, Query(description="false: only datasets whose bytes are kept; true: only purged ones")
+    ] = None,
 ) -> Page[DatasetOut]:
     """Newest first, a cursor page."""
     after = decode_cursor(cursor, "iso,str")
@@ -52,6 +61,7 @@ def list_datasets(
         limit=limit + 1,
         offset=offset,
         after=(after[0], after[1]) if after else None,
+        purged=purged,
     )
     return page([DatasetOut.of(d) for d in found], limit=limit, key=lambda d: [d.created_at, d.id])
 
