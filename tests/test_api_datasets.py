@@ -33,6 +33,13 @@ def test_upload_jsonl_json_and_text(api_client, tenant):
 
 BAD_UPLOADS = [
     # (file name, content, status, code, words the message must contain)
+    (  # a spreadsheet export: the error says what a dataset may be
+        "people.csv",
+        b"question,answer\nq,a\n",
+        422,
+        "invalid_dataset",
+        ["people.csv", "line 1", "invalid JSON", "JSON Lines (.jsonl)"],
+    ),
     (
         "bad.jsonl",
         b'{"question": "q", "answer": "a"}\n{"question": "q2", "answer": \n',

@@ -181,6 +181,8 @@ def test_request_verbs(api_client, api_app, ready, blade, enqueued):
 
     status, out, _ = blade(key, "certificate", request_id)
     assert status == 2  # not succeeded yet: the API's 409, as a one-line error
+    status, out, err = blade(key, "metrics", request_id)
+    assert status == 0 and f"request {request_id} is queued and has no metrics" in err
     status, out, _ = blade(key, "cancel", request_id, "--reason", "changed my mind", "--json")
     assert status == 0 and json.loads(out)["status"] == "cancelled"
     status, _, err = blade(key, "status", "req_missing")
@@ -394,6 +396,11 @@ def test_policy_rules_turn_off_with_the_word_the_dashboard_shows(ready, blade):
     assert status == 0 and json.loads(out)["policy"]["max_forget_prob"] is None, err
     status, out, _ = blade(key, "datasets", "list")
     assert status == 0 and "purged_at" in out.splitlines()[0]  # deleted or purged data does not look live
+    # With nothing to change, the verb shows the policy; a change without a reason is refused.
+    status, out, err = blade(key, "base-models", "policy", name, "--json")
+    assert status == 0 and json.loads(out)["policy"]["max_forget_prob"] is None, err
+    status, _, err = blade(key, "base-models", "policy", name, "--set", "max_forget_prob=0.2")
+    assert status == 2 and "--reason is required" in err
 
 
 def test_a_run_the_worker_started_over_says_so_beside_its_steps(api_client, api_app, ready, blade):

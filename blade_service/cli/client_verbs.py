@@ -174,10 +174,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("name")
     p.add_argument("--tenant", default=None, help=tenant_help)
     p.add_argument("--set", action="append", default=[], metavar="FIELD=SECONDS", help="e.g. failure_s=3600")
-    p = _verb(verbs, "policy", run_model_policy, "change a model's unlearning policy or canary set (admin)")
+    p = _verb(verbs, "policy", run_model_policy, "show, or change, a model's unlearning policy or canary set")
     p.add_argument("name")
     p.add_argument("--tenant", default=None, help=tenant_help)
-    p.add_argument("--reason", required=True)
+    p.add_argument("--reason", default=None, help="why (required to change it; audited)")
     p.add_argument(
         "--set", action="append", default=[], metavar="RULE=VALUE", help="a policy rule (VALUE off: no limit)"
     )
@@ -550,6 +550,12 @@ def run_metrics(args: argparse.Namespace) -> int:
     else:
         rows = display.metric_rows(doc.get("before"), doc.get("after"))
         display.print_table(_console(), rows, ["metric", "before", "after", "change"], title=doc["status"])
+        if not rows:
+            print(
+                f"request {doc['request_id']} is {doc['status']} and has no metrics: they are measured when "
+                "its training starts and again when it ends",
+                file=sys.stderr,
+            )
     _run_warning_lines(doc)
     return 0
 
@@ -723,6 +729,12 @@ def run_model_retention(args: argparse.Namespace) -> int:
 
 
 def run_model_policy(args: argparse.Namespace) -> int:
+    if not (args.set or args.canary_dataset or args.clear_canary):  # nothing to change: show it
+        doc = _call(args, lambda c: c.base_model(args.name, tenant=args.tenant))
+        _show(args, {k: doc.get(k) for k in ("name", "policy", "canary_dataset")})
+        return 0
+    if not args.reason:
+        raise CliError("--reason is required to change a policy (it goes to the audit log)")
     body: dict[str, Any] = {"reason": args.reason}
     if args.set:  # `off` turns a rule off, as the dashboard names an unset rule (the API's null)
         body["policy"] = {k: None if v == "off" else v for k, v in _parse_sets(args.set).items()}

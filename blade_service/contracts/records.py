@@ -71,6 +71,10 @@ class Row:
     line: int
 
 
+# What a dataset file may hold, for an error about a file that is none of them (a .csv, say).
+_FORMATS = "a dataset is a JSON array, JSON Lines (.jsonl) or plain text (.txt, rows split by blank lines)"
+
+
 def _decode(path: Path, raw: bytes) -> str:
     try:
         return raw.decode("utf-8-sig")
@@ -119,7 +123,10 @@ def read_records(path: str | Path, *, raw: bytes | None = None) -> tuple[list[Ro
         try:
             item = json.loads(line_text)
         except json.JSONDecodeError as exc:
-            raise DatasetError(path, f"invalid JSON ({exc.msg}, column {exc.colno})", line=number) from None
+            hint = "" if path.suffix in (".json", ".jsonl") else f"; {_FORMATS}"
+            raise DatasetError(
+                path, f"invalid JSON ({exc.msg}, column {exc.colno}){hint}", line=number
+            ) from None
         except RecursionError:
             raise _too_deep(path, line_text, number) from None
         except ValueError:  # json's only other refusal: an integer beyond int()'s digit limit
