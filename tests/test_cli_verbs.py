@@ -400,7 +400,7 @@ def test_policy_rules_turn_off_with_the_word_the_dashboard_shows(ready, blade):
     status, out, err = blade(key, "base-models", "policy", name, "--json")
     assert status == 0 and json.loads(out)["policy"]["max_forget_prob"] is None, err
     status, _, err = blade(key, "base-models", "policy", name, "--set", "max_forget_prob=0.2")
-    assert status == 2 and "--reason is required" in err
+    assert status == 2 and "blade base-models policy: error: --reason is required" in err
 
 
 def test_a_run_the_worker_started_over_says_so_beside_its_steps(api_client, api_app, ready, blade):

@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush cannot fail
         return 141
     except (CliError, FileNotFoundError, ValueError) as exc:
-        print(f"blade {args.command}: error: {exc}", file=sys.stderr)
+        verb = " ".join(v for v in (args.command, getattr(args, "verb", None)) if v)  # base-models show
+        print(f"blade {verb}: error: {exc}", file=sys.stderr)
         return 2
     return int(result or 0)
