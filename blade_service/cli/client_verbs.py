@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from blade_service.cli.main import CliError
+from blade_service.contracts.methods import METHOD_NAMES
 
 REQUEST_COLUMNS = ["id", "status", "base_model", "method", "progress", "adapter_id", "created_at"]
 ADAPTER_COLUMNS = ["id", "version", "state", "request_id", "method", "trained_on_stale", "created_at"]
@@ -51,8 +52,6 @@ def _verb(subparsers: Any, name: str, func: Callable[[argparse.Namespace], int],
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from blade_service.contracts.methods import METHOD_NAMES
-
     p = _verb(subparsers, "submit", run_submit, "submit an unlearn request")
     p.add_argument("--base-model", required=True, help="a registered base model (blade base-models list)")
     p.add_argument("--forget", required=True, help="a dataset id, or a file to upload first")

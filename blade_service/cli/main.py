@@ -10,6 +10,7 @@ import argparse
 import importlib
 import os
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
 # Command-group modules, in help order.
 COMMAND_MODULES = (
@@ -31,8 +32,6 @@ class CliError(Exception):
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("blade-service")
     except PackageNotFoundError:  # run from a checkout that was never installed
