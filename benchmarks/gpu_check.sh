@@ -25,7 +25,8 @@
 # run may take. ENGINE=0 skips step 1 (on the H200 two shapes took 50 s, so its four about 100 s; the bench
 # needs 8-9 minutes to finish); COMPILE=1 adds to it 16 x 1 without checkpointing, eager and under
 # torch.compile's reduce-overhead mode, the compiled call also checking BLADE's outer losses and gradients
-# against eager (`compile_check`: one more compilation; up to 330 s more in all). REQUEST=0 skips step 2,
+# against eager (`compile_check`: one more compilation; up to 330 s more in all); SWIGLU=1 adds BLADE's
+# 4 x 4 step without checkpointing with its SwiGLU activations recomputed, then kept (about 60 s). REQUEST=0 skips step 2,
 # which then needs no DEMO, and leaves the GPU to the bench.
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for the results}
@@ -40,6 +41,7 @@ BUILD=${BUILD:-cuda}    # the bench's --build-device
 JOBS=${JOBS:-12}        # the bench's --jobs
 ENGINE=${ENGINE:-1}
 COMPILE=${COMPILE:-0}   # 1: step 1 also runs 16 x 1 with every decoder layer compiled (CUDA graphs)
+SWIGLU=${SWIGLU:-0}     # 1: step 1 also runs 4 x 4 without checkpointing, SwiGLU activations recomputed and kept
 REQUEST=${REQUEST:-1}
 start=$SECONDS
 WORK=/tmp/gpu-check
@@ -77,14 +79,18 @@ echo "== 1. engine benchmark on $DEVICE: 4 x 4 rows (unstacked, then auto), then
 # (pytorch/pytorch#169545), so the compiled pair runs without it, eager beside it, for a like-for-like ratio.
 shapes=("4 4 - ckpt off" "4 4 - ckpt auto" "4 4 - ckpt auto 40/32" "16 1 - ckpt auto")
 [ "$COMPILE" = 0 ] || shapes+=("16 1 - nockpt auto" "16 1 reduce-overhead nockpt auto")
+# A 7th field `kept`: BLADE with its SwiGLU activations kept (--no-recompute-swiglu; blade_core/swiglu.py).
+# Without checkpointing, where the saving shows in peak memory; `-` in the 6th: 128 tokens.
+[ "$SWIGLU" = 0 ] || shapes+=("4 4 - nockpt auto" "4 4 - nockpt auto - kept")
 [ "$ENGINE" = 0 ] || for shape in "${shapes[@]}"; do
     set -- $shape
     mode=${3#-}
+    seq=${6:-}; seq=${seq#-}
     timeout $((${mode:+120} + 75)) "$PY" benchmarks/engine.py --device "$DEVICE" --steps "$ENGINE_STEPS" \
         --skip-entropy --batch "$1" --grad-accum "$2" ${mode:+--compile "$mode"} \
         $([ "$4" = nockpt ] && echo --no-checkpointing) --stacked-forward "$5" \
-        ${6:+--seq ${6%/*} --retain-seq ${6#*/}} \
-        --json "$WORK/engine-batch$1-accum$2${mode:+-$mode}-$4-$5${6:+-seq${6/\//-}}.json" 2>&1 |
+        ${seq:+--seq ${seq%/*} --retain-seq ${seq#*/}} $([ "${7:-}" = kept ] && echo --no-recompute-swiglu) \
+        --json "$WORK/engine-batch$1-accum$2${mode:+-$mode}-$4-$5${seq:+-seq${seq/\//-}}${7:+-$7}.json" 2>&1 |
         tee -a "$WORK/engine.txt"
 done
 save
