@@ -225,6 +225,7 @@ def work_blade(args: argparse.Namespace, device: torch.device) -> dict[str, floa
 def work_grad_diff(args: argparse.Namespace, device: torch.device) -> dict[str, float]:
     from blade_core.data import BatchStream
     from blade_core.losses import token_cross_entropy
+    from blade_core.swiglu import recomputed_swiglu
 
     model, rows, labels = _model_and_data(args, device)
     flops = 3 * forward_flops_per_token(model, args.seq)  # every weight trains: forward + 2x backward
@@ -244,7 +245,8 @@ def work_grad_diff(args: argparse.Namespace, device: torch.device) -> dict[str, 
         opt.step()
 
     trainable = sum(p.numel() for p in model.parameters())
-    return _timed(step, args, device, trainable, 2 * args.batch * args.seq, flops)
+    with recomputed_swiglu(model) if args.grad_diff_recompute_swiglu else contextlib.nullcontext():
+        return _timed(step, args, device, trainable, 2 * args.batch * args.seq, flops)
 
 
 def _outer_config(args: argparse.Namespace) -> BladeConfig:
@@ -561,6 +563,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="BLADE: recompute SwiGLU activations in the backward, as the worker does (blade_core.swiglu)",
     )
     p.add_argument(
+        "--grad-diff-recompute-swiglu",
+        action="store_true",
+        help="GradDiff with BLADE's SwiGLU recomputation too (default: as OpenUnlearning runs it)",
+    )
+    p.add_argument(
         "--stacked-forward",
         choices=("auto", "on", "off"),
         default="auto",
@@ -630,6 +637,7 @@ def main(argv: list[str] | None = None) -> int:
             + (f"; decoder layers compiled ({args.compile})" if args.compile else "")
             + f"; BLADE's micro-batches {'stacked in one forward a step' if stacked else 'one forward each'}"
             + f", SwiGLU activations {'recomputed' if args.recompute_swiglu else 'kept'}"
+            + (" (GradDiff's too)" if args.grad_diff_recompute_swiglu else "")
         )
         b, g = _measure_pair(
             ("blade", "grad_diff"),

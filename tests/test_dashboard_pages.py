@@ -355,3 +355,19 @@ def test_the_operator_opens_a_tenants_model_and_nobody_else_can(api_client, read
         assert stranger.get(path, params={"tenant": tenant}).status_code == 404, path
     assert 'id="tenant-form"' not in stranger.get("/dashboard/models").text
     api_client.cookies.clear()
+
+
+def test_the_operator_sees_a_tenants_request_ids_on_its_model_without_links_it_cannot_open(
+    api_client, api_app, ready, tmp_path
+):
+    from tests.fixtures_services import ADMIN_SECRET
+    from tests.test_api_adapters import succeed_with_adapter
+
+    adapter_id = succeed_with_adapter(api_client, api_app, ready, tmp_path)
+    rid = api_client.get(f"/adapters/{adapter_id}", headers=headers(ready.tenant.admin)).json()["request_id"]
+    path = f"/dashboard/models/{ready.base_model}"
+    own = signed_in(api_client, ready.tenant.admin).get(path).text
+    assert f'href="/dashboard/requests/{rid}"' in own  # the tenant opens its own request
+    page = signed_in(api_client, ADMIN_SECRET).get(path, params={"tenant": ready.tenant.name}).text
+    assert rid[:16] in page and f'href="/dashboard/requests/{rid}"' not in page
+    api_client.cookies.clear()

@@ -144,6 +144,35 @@ def test_compacted_version_replaces_the_stack_and_stays_restorable(world):
     assert _successors(world) == {a1: c3, a2: c3}
 
 
+def test_a_version_inside_a_nested_compaction_cannot_be_enabled_beside_it(world):
+    """v3 compacts (v1, v2), v4 is trained on v3, v5 compacts (v3, v4): v5 carries v1 too, so enabling v1
+    while v5 is active would apply its change twice (409), and a compaction active over its own versions
+    would be flagged stale."""
+    a1, a2 = world.adapter(), world.adapter()
+    with world.factory() as s, s.begin():
+        base_id = s.scalars(select(BaseModel.id).where(BaseModel.name == world.model)).one()
+
+        def compact(sources: list[str]) -> str:
+            return registry.create_compacted_version(
+                s, base_model_id=base_id, sources=sources, artifact_key="k", sha256="cd" * 32, size_bytes=1,
+                lineage={"rank": 16}, actor="key:admin", reason="compact", tenant_id=world.tenant_id,
+            ).id  # fmt: skip
+
+        c3 = compact([a1, a2])
+    a4 = world.adapter()
+    with world.factory() as s, s.begin():
+        c5 = compact([c3, a4])
+    with pytest.raises(Conflict, match="v5 compacts v1") as busy:
+        world.enable(a1)
+    assert busy.value.code == "compacted"
+    with world.factory() as s:
+        stack = registry.list_stack(s, world.model)
+    for a in stack:  # what a bypass of that check would leave: v1 and v2 active under the active v5
+        if a.id in (a1, a2):
+            a.state = AdapterState.ACTIVE
+    assert registry.stale_flags(stack)[c5] is True
+
+
 def test_rejected_adapter_is_stored_disabled_and_an_override_is_recorded(world):
     request_id = world.request()
     with world.factory() as s, s.begin():

@@ -203,7 +203,7 @@ def claim_request(
             actor="system",
             code="too_many_attempts",
             message=f"the request was started {request.attempts} times without finishing "
-            f"(its worker died each time; last lease holder {request.lease_owner!r})",
+            "(its worker died each time)",
         )
         return Claim(ClaimOutcome.EXHAUSTED, request_id, RequestStatus.FAILED)
 

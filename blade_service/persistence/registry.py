@@ -97,7 +97,12 @@ def stale_flags(stack: list[AdapterVersion]) -> dict[str, bool]:
     active_below: list[str] = []
     for adapter in stack:
         parents = _expand(list(adapter.parent_stack or []), contains)
-        own = set(_expand(contains.get(adapter.id, []), contains))  # a compaction's own versions, restored
+        # a disabled compaction's own versions, active below it, are it restored (not a stack it missed)
+        own = (
+            set()
+            if adapter.state == AdapterState.ACTIVE
+            else set(_expand(contains.get(adapter.id, []), contains))
+        )
         below = [i for i in _expand(active_below, contains) if i not in own]
         flags[adapter.id] = adapter.id not in carried and parents != below
         if adapter.state == AdapterState.ACTIVE:
@@ -283,12 +288,32 @@ def _stands_for(adapter: AdapterVersion) -> list[str]:
     return [*lineage.get("contains", []), *([lineage["retrain_of"]] if lineage.get("retrain_of") else [])]
 
 
-def _same_change(a: AdapterVersion, b: AdapterVersion) -> bool:
-    return a.id in _stands_for(b) or b.id in _stands_for(a)
+def _carried_by(stack: list[AdapterVersion]) -> dict[str, set[str]]:
+    """adapter id -> every version whose change it carries, through nested compactions and retrains (a
+    compaction of v3 = (v1, v2) and v4 carries v1 and v2 too)."""
+    direct = {a.id: _stands_for(a) for a in stack}
+    carried: dict[str, set[str]] = {}
+
+    def of(adapter_id: str) -> set[str]:
+        if adapter_id not in carried:
+            carried[adapter_id] = set()  # a cycle (never written) ends here
+            for i in direct.get(adapter_id, []):
+                carried[adapter_id] |= {i, *of(i)}
+        return carried[adapter_id]
+
+    for a in stack:
+        of(a.id)
+    return carried
 
 
-def _relation(adapter: AdapterVersion, other: AdapterVersion) -> str:
-    replacement, replaced = (other, adapter) if adapter.id in _stands_for(other) else (adapter, other)
+def _same_change(a: AdapterVersion, b: AdapterVersion, carried: dict[str, set[str]]) -> bool:
+    return a.id in carried.get(b.id, set()) or b.id in carried.get(a.id, set())
+
+
+def _relation(adapter: AdapterVersion, other: AdapterVersion, carried: dict[str, set[str]]) -> str:
+    replacement, replaced = (
+        (other, adapter) if adapter.id in carried.get(other.id, set()) else (adapter, other)
+    )
     verb = "compacts" if replacement.kind == COMPACTION_KIND else "retrains"
     return f"v{replacement.version} {verb} v{replaced.version}"
 
@@ -480,13 +505,14 @@ def enable(
         and a.state == AdapterState.ACTIVE
     ]
     changed = adapter.state != AdapterState.ACTIVE
-    overlapping = [a for a in stack if a.state == AdapterState.ACTIVE and _same_change(a, adapter)]
+    carried = _carried_by(stack)
+    overlapping = [a for a in stack if a.state == AdapterState.ACTIVE and _same_change(a, adapter, carried)]
     if changed and overlapping:
         other = overlapping[0]
         raise Conflict(
             f"adapter {adapter.id} (v{adapter.version}) and the active v{other.version} "
-            f"({public_ref(other, viewer)}) carry the same change ({_relation(adapter, other)}): both active "
-            f"would apply it twice; disable v{other.version} first",
+            f"({public_ref(other, viewer)}) carry the same change ({_relation(adapter, other, carried)}): "
+            f"both active would apply it twice; disable v{other.version} first",
             code="compacted" if COMPACTION_KIND in (adapter.kind, other.kind) else "replaced",
         )
     request = adapter.request

@@ -257,6 +257,9 @@ def model_page(
     if detail is None:
         return not_found(request, viewer, f"base model {name}")
     shown = tenant if tenant_id != viewer.tenant_id else None
+    if shown:  # the request pages are the tenant's own: ids without links
+        for adapter in detail["adapters"]:
+            adapter["request_visible"] = False
     return render(request, "model.html", viewer, page="models", m=detail, tenant=shown)
 
 
