@@ -158,10 +158,10 @@ def load_stack(model: nn.Module, adapter_dirs: Sequence[str | Path]) -> nn.Modul
     names = []
     for i, directory in enumerate(adapter_dirs):
         directory, name = check_adapter_dir(directory), f"{STACK_PREFIX}{i}"
-        if is_peft(model):
-            model.load_adapter(str(directory), adapter_name=name, is_trainable=False)
-        else:
-            with _no_peft_deprecation_warning():
+        with _no_peft_deprecation_warning():
+            if is_peft(model):
+                model.load_adapter(str(directory), adapter_name=name, is_trainable=False)
+            else:
                 model = PeftModel.from_pretrained(
                     model, str(directory), adapter_name=name, is_trainable=False
                 )
