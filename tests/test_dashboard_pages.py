@@ -73,6 +73,11 @@ def test_pages_render_for_a_tenant_and_hide_other_tenants(api_client, ready, mak
         assert resp.status_code == 200, (path, resp.text[:300])
         assert "<!doctype html>" in resp.text and 'id="who"' in resp.text
     assert rid in client.get("/dashboard/requests").text
+    bogus = client.get("/dashboard/requests", params={"state": "bogus"}).text
+    assert 'id="unknown-state"' in bogus and "“bogus”" in bogus and rid in bogus  # said, then all shown
+    assert 'id="unknown-state"' not in client.get("/dashboard/requests", params={"state": "queued"}).text
+    hostile = client.get("/dashboard/requests", params={"state": "<script>x</script>"}).text
+    assert "<script>x</script>" not in hostile and "&lt;script&gt;" in hostile
     fragment = client.get("/dashboard?fragment=1")
     assert (
         fragment.status_code == 200 and 'id="state-tiles"' in fragment.text and "<html" not in fragment.text

@@ -178,7 +178,8 @@ def requests_page(
     state: str | None = None,
     base_model: str | None = None,
 ) -> HTMLResponse:
-    state = state if state in queries.STATE_ORDER else None
+    unknown = state if state and state not in queries.STATE_ORDER else None  # said, not silently dropped
+    state = None if unknown else state or None
     rows = queries.list_requests(
         session, tenant_id=viewer.tenant_id, status=state, base_model=base_model or None
     )
@@ -190,6 +191,7 @@ def requests_page(
         page="requests",
         rows=rows,
         state=state,
+        unknown_state=unknown,
         base_model=base_model or "",
         states=queries.STATE_ORDER,
         models=models,
