@@ -143,11 +143,6 @@ def tenant_id_for(session: Session, key: ApiKey, tenant: str | None) -> str:
 
 def base_model_for(session: Session, key: ApiKey, name: str, tenant: str | None) -> BaseModel:
     """The base model a `/base-models/{name}` route acts on (`base_models.get_for_caller`)."""
-    return base_models.get_for_caller(
-        session,
-        name=name,
-        key_tenant_id=key.tenant_id,
-        key_tenant=key.tenant.name,
-        operator=auth.is_operator(key),
-        tenant=tenant,
-    )
+    tenant_id = tenant_id_for(session, key, tenant)
+    hint = auth.is_operator(key) and tenant_id == key.tenant_id
+    return base_models.get_for_caller(session, name=name, tenant_id=tenant_id, hint_tenant=hint)

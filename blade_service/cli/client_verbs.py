@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from blade_service.cli.main import CliError
-from blade_service.contracts.methods import METHOD_NAMES
 
 REQUEST_COLUMNS = ["id", "status", "base_model", "method", "progress", "adapter_id", "created_at"]
 ADAPTER_COLUMNS = ["id", "version", "state", "request_id", "method", "trained_on_stale", "created_at"]
@@ -45,6 +44,18 @@ def _common(p: argparse.ArgumentParser, *, json_flag: bool = True) -> argparse.A
     return p
 
 
+class _NamesTheMethods(argparse.HelpFormatter):
+    """Lists the methods in `--method`'s help when the help is printed, not whenever `blade` starts."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if "--method" not in action.option_strings:
+            return super()._get_help_string(action)
+        # lazy: the methods' configs are pydantic models, about 0.1 s on every `blade` start otherwise
+        from blade_service.contracts.methods import METHOD_NAMES
+
+        return f"one of {', '.join(METHOD_NAMES)} (default: blade)"
+
+
 def _verb(subparsers: Any, name: str, func: Callable[[argparse.Namespace], int], helptext: str, **kw: Any):
     p = _common(subparsers.add_parser(name, help=helptext, description=helptext), **kw)
     p.set_defaults(func=func)
@@ -56,7 +67,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--base-model", required=True, help="a registered base model (blade base-models list)")
     p.add_argument("--forget", required=True, help="a dataset id, or a file to upload first")
     p.add_argument("--retain", required=True, help="a dataset id, or a file to upload first")
-    p.add_argument("--method", default=None, help=f"one of {', '.join(METHOD_NAMES)} (default: blade)")
+    p.add_argument("--method", default=None, help="the method (default: blade)")
+    p.formatter_class = _NamesTheMethods
     p.add_argument("--preset", default=None, help="a named config of the method (e.g. tofu, muse, lora)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a method parameter")
     p.add_argument("--metadata", default=None, help="a JSON object stored with the request")

@@ -183,18 +183,13 @@ def tenant_for_caller(
     return tenant_named(session, name=tenant).id
 
 
-def get_for_caller(
-    session: Session, *, name: str, key_tenant_id: str, key_tenant: str, operator: bool, tenant: str | None
-) -> BaseModel:
-    """`get_visible` for the tenant `tenant_for_caller` names: names are per tenant, so the operator reaches
-    another tenant's model with `tenant` (its name)."""
-    tenant_id = tenant_for_caller(
-        session, key_tenant_id=key_tenant_id, key_tenant=key_tenant, operator=operator, tenant=tenant
-    )
+def get_for_caller(session: Session, *, name: str, tenant_id: str, hint_tenant: bool) -> BaseModel:
+    """`get_visible` for the tenant `tenant_for_caller` named; `hint_tenant`: the operator looked in its own
+    tenant, so a miss says how to reach another tenant's model (names are per tenant)."""
     try:
         return get_visible(session, name=name, tenant_id=tenant_id)
     except NotFound:
-        if not operator or tenant_id != key_tenant_id:
+        if not hint_tenant:
             raise
         raise NotFound(
             f"no base model {name!r} of your tenant or shared; another tenant's: name it with `tenant`"
