@@ -19,7 +19,10 @@ What it does, all on 127.0.0.1 and bounded in count and time:
    or `--requests` requests, whichever comes first, after a warm-up; prints a table, the ratios and the
    load average (the box may be shared: read the ratios, not the absolute figures). Besides latency it reads
    CPU time from /proc: the server process's, and that of the database backends serving the benchmark's
-   database (where PostgreSQL runs on this machine; its WAL writer and checkpointer are not counted).
+   database (where PostgreSQL runs on this machine; its WAL writer and checkpointer are not counted);
+5. calls the submission and the status read `--in-process` times each in this process, through the service's
+   own session factories (`in_process_costs`): the persistence layer's CPU and latency without HTTP, a steadier
+   figure for comparing two versions of it on a noisy box.
 Nothing consumes the queued requests (no worker): the POST figures are the API's own cost. POST is measured
 twice: behind other requests of the same base model (the common case under load: only the head of a base
 model's queue may run, so nothing is published; the worker publishes it when the one before it finishes),
@@ -297,6 +300,68 @@ def run_load(
     return result
 
 
+@dataclass
+class InProcess:
+    """The service's own work for one request, called in this process (no HTTP, no uvicorn): what the
+    persistence layer costs, measured apart from the box's HTTP noise."""
+
+    name: str
+    calls: int
+    p50_ms: float
+    cpu_ms: float  # this thread's CPU time per call (psycopg's included; not the database's)
+
+
+def in_process_costs(db_url: str, data_dir: Path, info: dict[str, str], count: int) -> dict[str, InProcess]:
+    """`submit_request` + commit (a request behind others of the bench's base model) and the status read
+    (`get_request_view`, the GET's one statement), `count` calls each after a warm-up, through the
+    service's own session factories on the benchmark's database."""
+    from blade_service.persistence import db, requests
+    from blade_service.persistence.models import UnlearnRequest
+    from blade_service.persistence.settings import Settings
+
+    settings = Settings(database_url=db_url, data_dir=data_dir)
+    write, read = db.session_factory(settings), db.read_session_factory(settings)
+    submit = json.loads(info["submit"])
+    with read() as session:
+        tenant_id = session.get_one(UnlearnRequest, info["request_id"]).tenant_id
+
+    def post() -> None:
+        with write() as session:
+            requests.submit_request(
+                session,
+                tenant_id=tenant_id,
+                base_model=submit["base_model"],
+                forget_dataset=submit["forget_dataset"],
+                retain_dataset=submit["retain_dataset"],
+                params=submit["params"],
+                idempotency_key=uuid.uuid4().hex,
+                actor="bench",
+            )
+            session.commit()
+
+    def get() -> None:
+        with read() as session:
+            requests.get_request_view(session, tenant_id=tenant_id, request_id=info["request_id"])
+
+    costs = {}
+    try:
+        for name, call in (("submit_request + commit", post), ("get_request_view", get)):
+            for _ in range(min(count, 200)):
+                call()
+            walls, cpu = [], 0.0
+            for _ in range(count):
+                started, cpu_started = time.perf_counter(), time.thread_time()
+                call()
+                cpu += time.thread_time() - cpu_started
+                walls.append(time.perf_counter() - started)
+            costs[name] = InProcess(
+                name, count, round(statistics.median(walls) * 1000, 3), round(cpu * 1000 / count, 3)
+            )
+    finally:
+        db.dispose_engines()
+    return costs
+
+
 def http_request(
     method: str, path: str, host: str, headers: dict[str, str] | None = None, body: bytes = b""
 ) -> bytes:
@@ -536,6 +601,13 @@ def main(argv: list[str] | None = None) -> int:
         default="redis://127.0.0.1:6379/13",
         help="broker for the API's publishes (a dedicated db number; flushed)",
     )
+    parser.add_argument(
+        "--in-process",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="also call the submission and the status read N times each in this process (0: skip)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
     if args.duration > 120 or args.requests > 100_000:
@@ -626,6 +698,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
         commit_ms = durable_commit_ms(db_url)
         four_trips_ms, pipelined_ms = round_trips_ms(db_url)
+        in_process = in_process_costs(db_url, data_dir, info, args.in_process) if args.in_process else {}
     finally:
         for proc in reversed(procs):
             stop(proc)
@@ -684,11 +757,24 @@ def main(argv: list[str] | None = None) -> int:
         f"a submission's BEGIN, two statements and COMMIT (trivial SQL), p50 {four_trips_ms:.3f} ms as four\n"
         f"round trips, {pipelined_ms:.3f} ms pipelined into two syncs (the most pipelining could save here)"
     )
+    if in_process:
+        submitted, read = in_process["submit_request + commit"], in_process["get_request_view"]
+        ratios["in_process_post_vs_get_cpu"] = ratio(submitted.cpu_ms, read.cpu_ms)
+        ratios["in_process_post_vs_get_p50"] = ratio(submitted.p50_ms, read.p50_ms)
+        lines = [f"  {c.name:24}: p50 {c.p50_ms:.3f} ms, CPU {c.cpu_ms:.3f} ms" for c in in_process.values()]
+        print(
+            f"\nthe persistence layer alone, called in this process ({submitted.calls} calls each, no HTTP):",
+            *lines,
+            f"  submission / status read: CPU x{ratios['in_process_post_vs_get_cpu']}, "
+            f"p50 x{ratios['in_process_post_vs_get_p50']}",
+            sep="\n",
+        )
     write_json_report(
         args,
         load_before,
         load_after,
         results={n: {m: asdict(r) for m, r in modes.items()} for n, modes in results.items()},
+        in_process={n: asdict(c) for n, c in in_process.items()},
         ratios=ratios,
         durable_commit_p50_ms=round(commit_ms, 3),
         submission_round_trips_p50_ms={

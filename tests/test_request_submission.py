@@ -4,6 +4,7 @@ audit entry whose hash PostgreSQL computes (it must be the one `audit.compute_ha
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import uuid
 from collections.abc import Iterator
@@ -47,7 +48,7 @@ class World:
                 for name in ("f", "r")
             )
 
-    def submit(self, session: Session, **overrides: Any) -> tuple[Any, bool, int | None]:
+    def submit_kwargs(self, **overrides: Any) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "tenant_id": self.tenant_id,
             "base_model": self.model,
@@ -56,7 +57,10 @@ class World:
             "actor": "test",
             "params": {"max_steps": 3},
         }
-        return requests.submit_request(session, **(kwargs | overrides))
+        return kwargs | overrides
+
+    def submit(self, session: Session, **overrides: Any) -> tuple[Any, bool, int | None]:
+        return requests.submit_request(session, **self.submit_kwargs(**overrides))
 
 
 def _world(url: str, tmp_path: Path) -> Iterator[World]:
@@ -87,23 +91,35 @@ def test_requests_are_numbered_in_order_with_their_queue_positions(world):
     for _ in range(3):
         with world.factory() as s, s.begin():
             request, created, position = world.submit(s)
-            seen.append((request.queue_seq, position, created, request.base_model.name, request.adapter))
+            seen.append((request.queue_seq, position, created, request.base_model_name, request.adapter_id))
     assert seen == [(i + 1, i, True, world.model, None) for i in range(3)]
     with world.factory() as s:
         assert audit.verify_chain(s).intact
 
 
 def test_the_request_returned_is_the_row_stored_column_for_column(world):
-    """The INSERT returns only what the database decides; the rest of the entity is built from what it
-    bound, so it must equal the stored row in every column (a new column with a model default would not)."""
+    """The INSERT returns only what the database decides; the view returned is built from what it bound,
+    so it must equal the stored row in every field (a new column with a model default would not), and so
+    must the entity `create_request` reads back."""
+    fields = [f.name for f in dataclasses.fields(requests.RequestView)]
     with world.factory() as s, s.begin():
         made, _, _ = world.submit(s, idempotency_key="k-row", metadata={"ticket": "T-1"})
-        returned = {a.key: getattr(made, a.key) for a in UnlearnRequest.__mapper__.column_attrs}
+        assert isinstance(made, requests.RequestView)
+        entity, created = requests.create_request(
+            s, **world.submit_kwargs(idempotency_key="k-entity", metadata={"ticket": "T-1"})
+        )
+        assert created and isinstance(entity, UnlearnRequest)
+        columns = [a.key for a in UnlearnRequest.__mapper__.column_attrs]
+        read_back = {key: getattr(entity, key) for key in columns}
     with world.factory() as s:
         stored = s.get(UnlearnRequest, made.id)
-        assert stored is not None and stored is not made
-        assert returned == {a.key: getattr(stored, a.key) for a in UnlearnRequest.__mapper__.column_attrs}
-    assert returned["meta"] == {"ticket": "T-1"} and returned["queue_seq"] == 1
+        assert stored is not None
+        assert dataclasses.asdict(made) == {
+            name: getattr(stored, name) for name in fields if name not in ("base_model_name", "adapter_id")
+        } | {"base_model_name": world.model, "adapter_id": None}
+        stored_entity = s.get(UnlearnRequest, entity.id)
+        assert read_back == {key: getattr(stored_entity, key) for key in columns}
+    assert made.meta == {"ticket": "T-1"} and made.queue_seq == 1 and read_back["queue_seq"] == 2
 
 
 def test_the_next_queue_number_is_read_from_the_end_of_the_index_before_any_analyze(pg_world):
@@ -118,7 +134,8 @@ def test_the_next_queue_number_is_read_from_the_end_of_the_index_before_any_anal
     table = UnlearnRequest.__table__
     with pg_world.factory() as s:
         assert s.scalar(text("SELECT reltuples FROM pg_class WHERE relname = 'unlearn_requests'")) < 0
-        nxt = select(requests._next_queue_seq(table, bindparam("m", world_request.base_model_id)))
+        model_id = s.scalar(select(UnlearnRequest.base_model_id).where(UnlearnRequest.id == world_request.id))
+        nxt = select(requests._next_queue_seq(table, bindparam("m", model_id)))
         sql = nxt.compile(dialect=s.get_bind().dialect, compile_kwargs={"literal_binds": True})
         plan = s.scalar(text(f"EXPLAIN (FORMAT JSON) {sql}"))[0]["Plan"]
         assert s.scalar(nxt) == 301

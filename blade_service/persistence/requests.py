@@ -36,9 +36,7 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session, aliased, make_transient_to_detached
-from sqlalchemy.orm.attributes import set_committed_value
-from sqlalchemy.orm.util import identity_key
+from sqlalchemy.orm import Session, aliased
 
 from blade_service.contracts.errors import ParamError
 from blade_service.contracts.methods import METHOD_NAMES, PRESETS, MethodConfig, service_preset
@@ -147,10 +145,13 @@ def _dataset(
 
 
 def create_request(session: Session, **kwargs: Any) -> tuple[UnlearnRequest, bool]:
-    """(request, created): a new `queued` request, or the original one for a repeated Idempotency-Key
-    (the arguments of `submit_request`)."""
+    """(request, created): a new `queued` request as an entity of `session` (read back: one statement more
+    than `submit_request`), or the original one for a repeated Idempotency-Key (the arguments of
+    `submit_request`)."""
     request, created, _ = submit_request(session, **kwargs)
-    return request, created
+    if isinstance(request, UnlearnRequest):
+        return request, created
+    return session.get_one(UnlearnRequest, request.id), created
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,11 +169,19 @@ class DatasetRow:
 _DATASET_COLUMNS = tuple(f.name for f in fields(DatasetRow))
 
 
+@dataclass(frozen=True, slots=True)
+class ModelRow:
+    """The base model as a submission uses it: its id for the INSERT, its name for the entry and response."""
+
+    id: str
+    name: str
+
+
 @dataclass(frozen=True)
 class _Claim:
     """What `_claim` read and locked for a submission."""
 
-    model: BaseModel
+    model: ModelRow
     datasets: dict[str, DatasetRow]
     existing_id: str | None  # the request already stored under the Idempotency-Key
     chain_locked: bool  # the statement also took the audit chain's append lock (PostgreSQL)
@@ -246,19 +255,8 @@ def _claim(
         return None
     n = len(_DATASET_COLUMNS)
     forget, retain = DatasetRow(*row[3 : 3 + n]), DatasetRow(*row[3 + n : 3 + 2 * n])
-    model = _attached_model(session, id=row[0], name=row[1], tenant_id=row[2])
-    return _Claim(model, {forget.id: forget, retain.id: retain}, row[3 + 2 * n], dialect == "postgresql")
-
-
-def _attached_model(session: Session, *, id: str, name: str, tenant_id: str | None) -> BaseModel:
-    """The claimed base model as an entity of `session`, without a query: the one its identity map holds,
-    or one made from the claim's columns (its other attributes load if read)."""
-    model = session.identity_map.get(identity_key(BaseModel, id))
-    if model is None:
-        model = BaseModel(id=id, name=name, tenant_id=tenant_id)
-        make_transient_to_detached(model)
-        session.add(model)
-    return cast(BaseModel, model)
+    datasets = {forget.id: forget, retain.id: retain}
+    return _Claim(ModelRow(row[0], row[1]), datasets, row[3 + 2 * n], dialect == "postgresql")
 
 
 def _locked_base_model(session: Session, tenant_id: str, base_model: str) -> BaseModel:
@@ -343,8 +341,8 @@ def _row_keys() -> tuple[str, ...]:
 
 def _new_row(request_id: str, submitted: dict[str, Any]) -> dict[str, Any]:
     """The new request's columns by attribute name, but `queue_seq`: what was submitted, the model's
-    defaults for the counters and timestamps, None for the rest. The INSERT writes the same, so the entity
-    built from them (`_inserted_request`) is the row, and nothing needs reading back."""
+    defaults for the counters and timestamps, None for the rest. The INSERT writes the same, so the view
+    built from them (`RequestView.inserted`) is the row, and nothing needs reading back."""
     now = utcnow()
     row: dict[str, Any] = dict.fromkeys(_row_keys())
     row |= {"id": request_id, "step": 0, "attempts": 0, "created_at": now, "updated_at": now}
@@ -394,13 +392,13 @@ def _insert_with_entry_statement() -> Any:
 
 def _insert_queued(
     session: Session, request_id: str, values: dict[str, Any], entry: dict[str, Any] | None
-) -> tuple[UnlearnRequest, int] | None:
+) -> tuple[dict[str, Any], int] | None:
     """INSERT the request (`values` by attribute name) numbered after the last of its base model (under the
-    base model's lock); returns it with its queue position, or None when a concurrent request took its
-    Idempotency-Key first. One statement: the number, the position (the unfinished requests of the base
-    model, all ahead of it), on PostgreSQL the notice that wakes the submission relays
+    base model's lock); returns its row (`_new_row` and `queue_seq`) with its queue position, or None when a
+    concurrent request took its Idempotency-Key first. One statement: the number, the position (the unfinished
+    requests of the base model, all ahead of it), on PostgreSQL the notice that wakes the submission relays
     (`SUBMITTED_CHANNEL`) and, given `entry` (`audit.spliced_params`), the request's audit entry."""
-    # Only `_SUBMITTED` is bound: a value outside it would reach the entity but not the stored row.
+    # Only `_SUBMITTED` is bound: a value outside it would reach the returned row but not the stored one.
     assert values.keys() == set(_SUBMITTED), sorted(values.keys() ^ set(_SUBMITTED))
     row = _new_row(request_id, values)
     params = {f"row_{key}": row[key] for key in _BOUND}
@@ -413,16 +411,7 @@ def _insert_queued(
     numbered = session.connection().execute(statement, params).first()
     if numbered is None:
         return None
-    return _inserted_request(session, row | {"queue_seq": numbered[0]}), numbered[1]
-
-
-def _inserted_request(session: Session, row: dict[str, Any]) -> UnlearnRequest:
-    """The request just inserted, as a persistent entity of `session` made from its row's values (every
-    column set: nothing loads)."""
-    request = UnlearnRequest(**row)
-    make_transient_to_detached(request)
-    session.add(request)
-    return request
+    return row | {"queue_seq": numbered[0]}, numbered[1]
 
 
 def submit_request(
@@ -440,11 +429,13 @@ def submit_request(
     actor_key_id: str | None = None,
     preset: str | None = None,
     probe_datasets: dict[str, str] | None = None,
-) -> tuple[UnlearnRequest, bool, int | None]:
-    """(request, created, queue_position): `create_request` plus the new request's queue position (None for a
-    replay). Nothing is published here: once the request heads its base model's queue, a worker process's
-    submission relay publishes its task (`worker/submission_relay.py`, woken by the notice this commit
-    sends on PostgreSQL), or the worker that finishes the one before it does (`jobs.next_in_line`).
+) -> tuple[RequestLike, bool, int | None]:
+    """(request, created, queue_position): a new request as a `RequestView` of the row just stored (no entity
+    is built for it: `create_request` reads one back), or the original entity for a repeated Idempotency-Key;
+    and the new request's queue position (None for a replay). Nothing is published here: once the request
+    heads its base model's queue, a worker process's submission relay publishes its task
+    (`worker/submission_relay.py`, woken by the notice this commit sends on PostgreSQL), or the worker that
+    finishes the one before it does (`jobs.next_in_line`).
 
     Two statements on PostgreSQL when everything exists (tests/test_api_speed.py counts them): `_claim`,
     which also takes the audit chain's lock, and `_insert_queued`, which also appends the audit entry. On
@@ -498,7 +489,8 @@ def submit_request(
     if claim is not None:
         model, locked = claim.model, claim.datasets
     else:
-        model = _locked_base_model(session, tenant_id, base_model)
+        entity = _locked_base_model(session, tenant_id, base_model)
+        model = ModelRow(entity.id, entity.name)
         locked = _lock_datasets(session, [forget_dataset, retain_dataset])
     forget = _dataset(session, tenant_id, forget_dataset, "forget_dataset", locked)
     retain = _dataset(session, tenant_id, retain_dataset, "retain_dataset", locked)
@@ -549,14 +541,11 @@ def submit_request(
         if existing is None:
             raise Conflict("the request conflicts with a concurrent one; retry", code="conflict")
         return _replay(existing, fp), False, None
-    request, ahead = inserted
-    # What the response shows, known without loading it: its base model, and no adapter yet.
-    set_committed_value(request, "base_model", model)
-    set_committed_value(request, "adapter", None)
+    row, ahead = inserted
     if spliced is None:  # SQLite, or an entry the INSERT could not append (`audit.spliced_params`)
-        data["queue_seq"] = request.queue_seq
+        data["queue_seq"] = row["queue_seq"]
         audit.append(session, **entry, data=data, chain_locked=chain_locked)
-    return request, True, ahead
+    return RequestView.inserted(row, base_model_name=model.name), True, ahead
 
 
 def get_request(session: Session, *, tenant_id: str | None, request_id: str) -> UnlearnRequest:
@@ -624,6 +613,16 @@ class RequestView:
     cancel_requested_at: datetime | None
     gate: dict[str, Any] | None
 
+    @classmethod
+    def inserted(cls, row: dict[str, Any], *, base_model_name: str) -> RequestView:
+        """A request just stored, from the values its INSERT bound and its number (`_insert_queued`):
+        no adapter yet."""
+        own = {name: row[name] for name in _VIEW_COLUMNS}
+        return cls(**own, base_model_name=base_model_name, adapter_id=None)
+
+
+# The fields of `RequestView` that are the request's own columns (named as on `UnlearnRequest`).
+_VIEW_COLUMNS = tuple(f.name for f in fields(RequestView) if f.name not in ("base_model_name", "adapter_id"))
 
 # A request as `progress` and the response schema read it: the mapped row, or the status poll's view.
 RequestLike = UnlearnRequest | RequestView
@@ -633,8 +632,7 @@ RequestLike = UnlearnRequest | RequestView
 def _view_query() -> Select[Any]:
     """Built once: composing it (an aliased subquery, two joins) costs more CPU than running it. The columns
     in `RequestView`'s order, then the queue position."""
-    own = {f.name for f in dataclasses.fields(RequestView)} - {"base_model_name", "adapter_id"}
-    columns = {name: getattr(UnlearnRequest, name) for name in own}
+    columns = {name: getattr(UnlearnRequest, name) for name in _VIEW_COLUMNS}
     columns |= {"base_model_name": BaseModel.name, "adapter_id": AdapterVersion.id}
     return (
         select(*(columns[f.name] for f in dataclasses.fields(RequestView)), _queue_position_column())
@@ -649,7 +647,7 @@ def get_request_view(
 ) -> tuple[RequestView, int | None]:
     """(request, queue_position) in one statement, with the base model's name and the adapter's id the
     response shows; NotFound as `get_request`."""
-    row = execute_read(session, _view_query(), {"request_id": request_id}).one_or_none()
+    row = execute_read(session, _view_query(), {"request_id": request_id}, columns=True).one_or_none()
     if row is None or (tenant_id is not None and row.tenant_id != tenant_id):
         raise NotFound(f"no unlearn request {request_id!r}")
     return RequestView(*row[:-1]), row[-1]

@@ -51,10 +51,11 @@ def submit_request(
         actor_key_id=key.id,
     )
     session.commit()
-    if not created:
-        replayed = request_out(session, request)
-        return json_response(replayed, status_code=202, headers={"Idempotent-Replayed": "true"})
-    return json_response(UnlearnRequestOut.of(request, queue_position=position), status_code=202)
+    if created:
+        return json_response(UnlearnRequestOut.of(request, queue_position=position), status_code=202)
+    assert isinstance(request, UnlearnRequest)  # a replay answers with the stored request (`submit_request`)
+    replayed = request_out(session, request)
+    return json_response(replayed, status_code=202, headers={"Idempotent-Replayed": "true"})
 
 
 def json_response(out: UnlearnRequestOut, **kwargs: Any) -> Response:
