@@ -20,9 +20,9 @@ What it does, all on 127.0.0.1 and bounded in count and time:
    load average (the box may be shared: read the ratios, not the absolute figures). Besides latency it reads
    CPU time from /proc: the server process's, and that of the database backends serving the benchmark's
    database (where PostgreSQL runs on this machine; its WAL writer and checkpointer are not counted);
-5. calls the submission and the status read `--in-process` times each in this process, through the service's
-   own session factories (`in_process_costs`): the persistence layer's CPU and latency without HTTP, a steadier
-   figure for comparing two versions of it on a noisy box.
+5. calls the submission and the status read `--in-process` times each in this process, through the
+   service's own session factories (`in_process_costs`): the persistence layer's CPU and latency without
+   HTTP, a steadier figure for comparing two versions of it on a noisy box.
 Nothing consumes the queued requests (no worker): the POST figures are the API's own cost. POST is measured
 twice: behind other requests of the same base model (the common case under load: only the head of a base
 model's queue may run, so nothing is published; the worker publishes it when the one before it finishes),

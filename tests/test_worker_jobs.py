@@ -197,6 +197,60 @@ def test_reconciler_candidates(worker_settings, make_request):
     assert sent in later
 
 
+def test_a_head_is_published_once_whoever_finishes_before_it(worker_settings, make_request):
+    """The finishing worker publishes the next head only when no relay or reconciler has (`head_to_publish`):
+    a duplicate task is consumed as a no-op, and a no-op's own finish used to publish the head again, so
+    every request of a backlog ran behind more no-ops than the one before it."""
+    first = make_request()
+    model_id = _base(worker_settings, first)
+    second = make_request(model_id)
+    assert _claim(worker_settings, first, "w1").claimed
+    with session_scope(worker_settings) as s:
+        assert jobs.head_to_publish(s, base_model_id=model_id) is None  # `first` runs: nothing to publish
+        assert jobs.mark_failed(s, request_id=first, owner="w1", code="boom", message="test failure")
+    with session_scope(worker_settings) as s:
+        assert jobs.head_to_publish(s, base_model_id=model_id) == second
+        jobs.mark_enqueued(s, request_ids=[second])  # a relay published it first
+    with session_scope(worker_settings) as s:
+        assert jobs.head_to_publish(s, base_model_id=model_id) is None
+        assert second not in [rid for rid, _ in jobs.unpublished_heads(s)]
+
+
+def test_a_head_being_published_is_skipped_by_the_other_publishers(worker_settings, make_request):
+    """While one publisher holds a head's row (the relay, the reconciler or a finishing worker, each between
+    its publish and its commit), the others skip it instead of publishing it too."""
+    head = make_request()
+    model_id = _base(worker_settings, head)
+    with session_scope(worker_settings) as relay:
+        assert head in [rid for rid, _ in jobs.unpublished_heads(relay)]  # locked until this commits
+        with session_scope(worker_settings) as s:
+            assert jobs.head_to_publish(s, base_model_id=model_id) is None
+            later = utcnow() + timedelta(seconds=60)  # past the publish grace
+            assert head not in jobs.reconcile_candidates(s, now=later, requeue_after_s=300)
+    with session_scope(worker_settings) as s:
+        assert head in jobs.reconcile_candidates(s, now=utcnow() + timedelta(seconds=60), requeue_after_s=300)
+
+
+def test_a_task_spent_while_its_request_waits_leaves_it_to_be_published_again(worker_settings, make_request):
+    """A task delivered while an older request of its base model is active is spent without running
+    (WAITING): the request is marked unpublished, so the next finish or relay publishes it afresh instead
+    of leaving it to the reconciler's `requeue_after_s`."""
+    first = make_request()
+    model_id = _base(worker_settings, first)
+    second = make_request(model_id)
+    with session_scope(worker_settings) as s:
+        jobs.mark_enqueued(s, request_ids=[second])
+    assert _claim(worker_settings, first, "w1").claimed
+    assert _claim(worker_settings, second, "w2").outcome is jobs.ClaimOutcome.WAITING
+    with session_scope(worker_settings) as s:
+        jobs.mark_unpublished(s, request_id=second)
+    assert _get(worker_settings, second).enqueued_at is None
+    with session_scope(worker_settings) as s:
+        assert jobs.mark_failed(s, request_id=first, owner="w1", code="boom", message="test failure")
+    with session_scope(worker_settings) as s:
+        assert jobs.head_to_publish(s, base_model_id=model_id) == second
+
+
 def test_worker_heartbeat_rows(worker_settings):
     name = f"hb-{uuid.uuid4().hex[:6]}@test"
     with session_scope(worker_settings) as s:

@@ -547,6 +547,38 @@ def next_in_line(session: Session, *, base_model_id: str) -> str | None:
     ).first()
 
 
+def head_to_publish(session: Session, *, base_model_id: str) -> str | None:
+    """The base model's next in line (`next_in_line`, so a submission racing the finish is seen) when it is
+    queued and its task was never published, locked FOR UPDATE SKIP LOCKED as `unpublished_heads` locks
+    it: what the worker that finished the request before it publishes, marking it in the same transaction.
+    None when a relay or the reconciler published it already (or is publishing it now), or when it runs.
+    A second task would only be consumed as a no-op, and each no-op's own finish used to publish the head
+    once more (docs/performance.md)."""
+    head = next_in_line(session, base_model_id=base_model_id)
+    if head is None:
+        return None
+    return session.scalars(
+        select(UnlearnRequest.id)
+        .where(
+            UnlearnRequest.id == head,
+            UnlearnRequest.status == RequestStatus.QUEUED,
+            UnlearnRequest.enqueued_at.is_(None),
+        )
+        .with_for_update(skip_locked=True)
+    ).first()
+
+
+def mark_unpublished(session: Session, *, request_id: str) -> None:
+    """Its task was consumed without running it (an older request of its base model was active again): none
+    is in flight now, so the finish before it, or a relay, publishes it when it heads its queue."""
+    session.execute(
+        update(UnlearnRequest)
+        .where(UnlearnRequest.id == request_id, UnlearnRequest.status == RequestStatus.QUEUED)
+        .values(enqueued_at=None)
+        .execution_options(synchronize_session=False)
+    )
+
+
 # How long a submitted request may go unpublished before the reconciler publishes it: a worker's submission
 # relay publishes it within moments of its commit, and a reconcile pass in between would only send a
 # duplicate.
@@ -560,7 +592,8 @@ def reconcile_candidates(
     requeue_after_s: float = 300.0,
     publish_grace_s: float = PUBLISH_GRACE_S,
 ) -> list[str]:
-    """Requests whose task the broker may have lost, to publish again (duplicates are harmless):
+    """Requests whose task the broker may have lost, to publish again (a duplicate is consumed as a no-op),
+    locked until the caller commits (FOR UPDATE SKIP LOCKED, as the relays lock what they publish):
     - the head of each base model's queue when it is runnable, nobody holds a live lease, and its task was
       never published though it was submitted more than `publish_grace_s` ago (the API publishes right after
       its commit), or last published more than `requeue_after_s` ago (a worker busy elsewhere may simply
@@ -590,6 +623,8 @@ def reconcile_candidates(
         )
         .where(or_(lease_expired, and_(no_lease, never_or_long_ago)))
         .order_by(UnlearnRequest.created_at)
+        # A relay publishing one of them holds its row: skipped here, it is not published twice.
+        .with_for_update(skip_locked=True, of=UnlearnRequest)
     )
     return list(session.scalars(stmt))
 

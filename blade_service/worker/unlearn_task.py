@@ -92,6 +92,9 @@ def unlearn(self: Any, *, request_id: str) -> dict[str, Any]:
             jobs.ClaimOutcome.EXHAUSTED,
         ):
             _kick_next(settings, request_id=request_id)
+        elif claim.outcome is jobs.ClaimOutcome.WAITING:  # this task is spent: let the head's finish publish
+            with session_scope(settings) as session:
+                jobs.mark_unpublished(session, request_id=request_id)
         return {"request_id": request_id, "outcome": claim.outcome.value, "blocked_by": claim.blocked_by}
 
     outcome = "failed"
@@ -380,11 +383,12 @@ def _fail(settings: Settings, request_id: str, owner: str, code: str, message: s
 
 
 def _kick_next(settings: Settings, *, request_id: str) -> None:
-    """Publish the task of the request now first in line for the same base model (if any)."""
+    """Publish the task of the request now first in line for the same base model, unless one was published
+    for it already (`jobs.head_to_publish`)."""
     try:
         with session_scope(settings) as session:
             req = jobs.get_request(session, request_id=request_id)
-            nxt = jobs.next_in_line(session, base_model_id=req.base_model_id) if req is not None else None
+            nxt = jobs.head_to_publish(session, base_model_id=req.base_model_id) if req is not None else None
             if nxt is None or nxt == request_id:
                 return
             if enqueue_unlearn(nxt):
