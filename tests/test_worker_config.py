@@ -140,3 +140,32 @@ def test_generate_waits_a_bounded_time_when_no_worker_answers(tmp_path):
     redis.Redis.from_url(url).flushdb()
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["timeout", "generate_timeout"]
+
+
+def test_a_one_task_pool_child_inherits_its_imports_and_skips_the_collection():
+    """The GPU queue's prefork children run one task each (`--max-tasks-per-child 1`): the main process's
+    preload must leave a child nothing heavy to import (the ROUGE scorer: nltk and scipy), and the child
+    must not collect garbage just before it exits. In a fresh interpreter, as a worker's main process is."""
+    script = """
+import gc, sys
+from types import SimpleNamespace
+from blade_service.worker import process
+process._note_pool(sender=SimpleNamespace(max_tasks_per_child=1))
+process._preload()
+from blade_core.evaluation import metrics
+assert metrics._SCORER is not None and "rouge_score.rouge_scorer" in sys.modules and "peft" in sys.modules
+def refuse():
+    raise AssertionError("collected in a child that exits after its task")
+gc.collect = refuse
+process.free_accelerator()
+process._note_pool(sender=SimpleNamespace(max_tasks_per_child=None))  # a threaded worker still collects
+try:
+    process.free_accelerator()
+except AssertionError:
+    print("collected")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "collected", done.stdout
