@@ -144,8 +144,9 @@ def test_generate_waits_a_bounded_time_when_no_worker_answers(tmp_path):
 
 def test_a_one_task_pool_child_inherits_its_imports_and_skips_the_collection():
     """The GPU queue's prefork children run one task each (`--max-tasks-per-child 1`): the main process's
-    preload must leave a child nothing heavy to import (the ROUGE scorer: nltk and scipy), and the child
-    must not collect garbage just before it exits. In a fresh interpreter, as a worker's main process is."""
+    preload must leave a child nothing heavy to import (the ROUGE scorer: nltk and scipy) and nothing of its
+    own for a collection to walk, and the child must not collect garbage just before it exits. In a fresh
+    interpreter, as a worker's main process is."""
     script = """
 import gc, sys
 from types import SimpleNamespace
@@ -154,6 +155,7 @@ process._note_pool(sender=SimpleNamespace(max_tasks_per_child=1))
 process._preload()
 from blade_core.evaluation import metrics
 assert metrics._SCORER is not None and "rouge_score.rouge_scorer" in sys.modules and "peft" in sys.modules
+assert gc.get_freeze_count() > 0  # and kept out of every later collection
 def refuse():
     raise AssertionError("collected in a child that exits after its task")
 gc.collect = refuse
