@@ -6,10 +6,13 @@ be downloaded here, so tests and the demo use models that `new_llama` builds and
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -132,14 +135,62 @@ def fetch_hub_model(repo_id: str, revision: str | None = None) -> Path:
     hub cache (HF_HOME) or found there (HF_HUB_OFFLINE=1); BaseModelUnavailable with the hub's message."""
     from huggingface_hub import snapshot_download
 
+    offline = _cache_only(repo_id)
     try:
         path = snapshot_download(
-            repo_id, revision=revision, allow_patterns=HUB_PATTERNS, ignore_patterns=HUB_SKIP
+            repo_id,
+            revision=revision,
+            allow_patterns=HUB_PATTERNS,
+            ignore_patterns=HUB_SKIP,
+            local_files_only=offline is not None,
         )
     except (OSError, ValueError) as exc:  # hub errors (not found, gated, offline miss) are OSErrors
+        if offline is not None:
+            raise BaseModelUnavailable(_not_cached(repo_id, offline)) from exc
         at = f"@{revision}" if revision else ""
         raise BaseModelUnavailable(f"hub model {repo_id}{at}: {type(exc).__name__}: {exc}") from exc
     return Path(str(path))
+
+
+HUB_CONNECT_TIMEOUT_S = 3.0  # one TCP connect to the hub before a load that would otherwise retry for ~1 min
+HUB_RECHECK_S = 60.0  # a long-lived worker asks again after this long: an outage need not last its lifetime
+_hub_checked: tuple[float, str | None] | None = None  # (monotonic time, answer) of the last check
+
+
+def _hub_unreachable() -> str | None:
+    """Why the hub (huggingface_hub's endpoint, HF_ENDPOINT) cannot be reached from this machine, or None:
+    one TCP connect, its answer kept for `HUB_RECHECK_S`. Offline mode (HF_HUB_OFFLINE=1) asks nothing:
+    the hub libraries then read only the cache already."""
+    global _hub_checked
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return None
+    if _hub_checked is not None and time.monotonic() - _hub_checked[0] < HUB_RECHECK_S:
+        return _hub_checked[1]
+    url = urlsplit(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    why = None
+    try:
+        socket.create_connection((url.hostname or "", port), timeout=HUB_CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        why = f"{constants.ENDPOINT}: {type(exc).__name__}: {exc}"
+    _hub_checked = (time.monotonic(), why)
+    return why
+
+
+def _cache_only(ref: str | Path) -> str | None:
+    """For a hub id, when the hub cannot be reached: why, so the load reads the hub cache only and fails at
+    once instead of after the hub client's retries (about a minute per file). None for a local path or a
+    reachable hub."""
+    return None if Path(str(ref)).exists() else _hub_unreachable()
+
+
+def _not_cached(ref: str | Path, why: str) -> str:
+    return (
+        f"{ref}: no such directory here, so it was read as a hub id; the hub cannot be reached from here "
+        f"({why}), and the model is not in the hub cache (HF_HOME)"
+    )
 
 
 def _require_dir_or_hub_id(ref: str | Path) -> None:
@@ -159,9 +210,14 @@ def load_tokenizer(ref: str | Path, revision: str | None = None) -> PreTrainedTo
     """Tokenizer of a local model dir or hub id (at `revision`), with a pad token guaranteed (eos when the
     model has none)."""
     _require_dir_or_hub_id(ref)
+    offline = _cache_only(ref)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(ref), revision=revision, trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(ref), revision=revision, trust_remote_code=False, local_files_only=offline is not None
+        )
     except (OSError, ValueError) as exc:  # no such dir or hub id, no tokenizer files, unreadable files
+        if offline is not None:
+            raise BaseModelUnavailable(_not_cached(ref, offline)) from exc
         raise BaseModelUnavailable(f"{ref}: {_where(ref)}the tokenizer could not be loaded: {exc}") from exc
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -190,12 +246,22 @@ def load_model(
     path = Path(str(ref))
     if path.exists() and not (path / "config.json").is_file():
         raise BaseModelUnavailable(f"{path}: not a model directory (no config.json)")
+    offline = _cache_only(ref)
     try:
         with _LOAD_LOCK:
             model = AutoModelForCausalLM.from_pretrained(
-                str(ref), revision=revision, dtype=dtype, trust_remote_code=False, use_safetensors=True
+                str(ref),
+                revision=revision,
+                dtype=dtype,
+                trust_remote_code=False,
+                use_safetensors=True,
+                local_files_only=offline is not None,
+                # transformers looks for an adapter config with these, not with the arguments above
+                adapter_kwargs={"local_files_only": offline is not None},
             )
     except OSError as exc:  # no such dir or hub id, no safetensors weights, unreadable files
+        if offline is not None:
+            raise BaseModelUnavailable(_not_cached(ref, offline)) from exc
         raise BaseModelUnavailable(f"{ref}: {_where(ref)}the model could not be loaded: {exc}") from exc
     module: torch.nn.Module = model  # transformers wraps PreTrainedModel.to in a way mypy misreads
     return module.to(device)

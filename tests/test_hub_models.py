@@ -399,3 +399,47 @@ def test_a_request_on_an_unloadable_hub_model_fails_as_base_model_unavailable(
     error = out["error"]
     assert error["code"] == "base_model_unavailable", error
     assert words in error["message"] and "LocalEntryNotFoundError" in error["message"], error
+
+
+UNREACHABLE_SCRIPT = r"""
+import json, torch
+from blade_core.modeling import fetch_hub_model, load_model, load_tokenizer
+from blade_service.contracts.errors import BaseModelUnavailable
+
+out = {"snapshot": str(fetch_hub_model("org/tiny"))}
+out["pad"] = load_tokenizer("org/tiny").pad_token is not None
+out["logits"] = list(load_model("org/tiny", torch.device("cpu"))(torch.tensor([[1, 2]])).logits.shape)
+for load in (load_model, load_tokenizer, fetch_hub_model):
+    try:
+        load("org/missing")
+        out[load.__name__] = None
+    except BaseModelUnavailable as exc:
+        out[load.__name__] = str(exc)
+print(json.dumps(out))
+"""
+
+
+def test_with_the_hub_unreachable_a_hub_id_is_read_from_the_cache_or_fails_at_once(hub_home, tmp_path):
+    """Not in offline mode, but the hub cannot be reached (a machine without its network): one connect
+    says so, and every load reads the hub cache only. The hub client's retries (about a minute per file)
+    never start: a cached model loads, a missing one fails with a message that names the hub."""
+    env = {
+        **os.environ,
+        "HF_HOME": str(hub_home),
+        "HF_ENDPOINT": f"http://127.0.0.1:{closed_port()}",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    }
+    for name in ("HF_HUB_OFFLINE", "HF_HUB_CACHE", "HF_TOKEN", "TRANSFORMERS_OFFLINE"):
+        env.pop(name, None)
+    done = subprocess.run(
+        [sys.executable, "-c", UNREACHABLE_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert Path(out["snapshot"]) == hub_home / "hub" / "models--org--tiny" / "snapshots" / MAIN
+    assert out["pad"] and out["logits"][:2] == [1, 2]
+    for name in ("load_model", "load_tokenizer", "fetch_hub_model"):
+        assert "org/missing" in out[name] and "the hub cannot be reached from here" in out[name], out
+        assert "not in the hub cache" in out[name], out
+    assert "Retrying" not in done.stderr, done.stderr[-2000:]
