@@ -43,6 +43,8 @@ def _entropy_chunk(
     z: torch.Tensor, threshold: float, want_grad: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Chunk (n, V) -> (loss (n,), dloss/dz (n, V) or None, H (n,)) of max(0, threshold - H(softmax z)).
+    The gradient is None when not wanted, and when every row is in the deadzone (H >= threshold), where it
+    is exactly zero.
 
     Two (n, V) buffers at most: log p, then p log p in place of it, then the gradient in place of that.
     """
@@ -51,11 +53,11 @@ def _entropy_chunk(
     plogp = logp.mul_(p)  # (n, V), reuses log p's buffer
     entropy = -plogp.sum(-1)  # (n,)
     loss = (threshold - entropy).clamp(min=0.0)
-    if not want_grad:
+    active = entropy < threshold  # outside it, the deadzone: no gradient once H >= threshold
+    if not want_grad or not bool(active.any()):
         return loss, None, entropy
-    active = (entropy < threshold).float()  # the deadzone: no gradient once H >= threshold
     # d/dz_j [threshold - H] = p_j (log p_j + H) = p_j log p_j + p_j H
-    grad = plogp.addcmul_(p, entropy[:, None]).mul_(active[:, None])
+    grad = plogp.addcmul_(p, entropy[:, None]).mul_(active.float()[:, None])
     return loss, grad, entropy
 
 
@@ -110,8 +112,10 @@ class _ChunkedTokenLoss(torch.autograd.Function):
                 _, g, _ = _entropy_chunk(logits2d[sl], ctx.param)
             else:
                 _, g = _cross_entropy_chunk(logits2d[sl], targets[sl])
-            assert g is not None  # want_grad defaults to True: the chunk's gradient is always returned
-            grad[sl] = g.mul_((weights[sl] * grad_out)[:, None])  # in place: no third (chunk, V) buffer
+            if g is None:  # every row in the deadzone
+                grad[sl] = 0.0
+            else:
+                grad[sl] = g.mul_((weights[sl] * grad_out)[:, None])  # in place: no third (chunk, V) buffer
         return grad, None, None, None, None, None
 
 
@@ -197,7 +201,7 @@ class _FusedLinearTokenLoss(torch.autograd.Function):
             else:
                 loss, g = _cross_entropy_chunk(z, targets[sl], want_grad=want_grad)
             total += (loss * w).sum()
-            if g is None:
+            if g is None:  # not wanted, or every row in the deadzone: grad_h keeps its zeros
                 continue
             g = g.mul_(w[:, None])  # (n, V) fp32: dL/dz of this chunk
             if grad_h is not None:

@@ -300,6 +300,43 @@ def test_stacked_training_follows_the_unstacked_run():
             assert on[key] == pytest.approx(off[key], rel=1e-4), (on["step"], key)
 
 
+@pytest.mark.parametrize("tau, back_propagated", [(1e-6, 0), (1.0, 3)], ids=["deadzone", "every-token"])
+def test_a_forget_batch_in_the_deadzone_is_not_back_propagated_and_the_update_is_the_same(
+    monkeypatch, tau, back_propagated
+):
+    """At tau ~ 0 every token's entropy is past the clamp (L_fgt = 0, no gradient); at tau = 1 every token
+    counts. Either way the outer step's update is bit for bit the one that back-propagates every forget
+    micro-batch."""
+    real_forget_loss, passes = blade.forget_loss, []
+
+    def forget_loss(model, batch, cfg):
+        l_fgt, h_fgt = real_forget_loss(model, batch, cfg)
+        l_fgt.register_hook(lambda grad: passes.append(grad))
+        return l_fgt, h_fgt
+
+    monkeypatch.setattr(blade, "forget_loss", forget_loss)
+    runs = {}
+    for skips in (True, False):
+        if not skips:
+            monkeypatch.setattr(blade, "in_deadzone", lambda l_fgt: False)
+        cfg = BladeConfig(tau=tau, stacked_forward="off", **{**FAST, "grad_accum": 3})
+        task = tiny_task(cfg)
+        params = [p for p in task.model.parameters() if p.requires_grad]
+        opt = torch.optim.Adam(params, lr=cfg.eta_out)
+        forget = BatchStream(task.forget, cfg.batch_size, seed=cfg.seed)
+        retain = BatchStream(task.retain, cfg.batch_size, seed=cfg.seed + 1)
+        before = [p.detach().clone() for p in params]
+        passes.clear()
+        out = blade.outer_step(task.model, forget, retain, opt, 1.5, 0.05, cfg, task.device)
+        after = [p.detach().clone() for p in params]
+        assert not all(torch.equal(a, b) for a, b in zip(before, after, strict=True))  # the step moved
+        runs[skips] = out, len(passes), after
+    (out, counted, weights), (reference, _, reference_weights) = runs[True], runs[False]
+    assert counted == back_propagated and (out["L_fgt"] == 0) == (back_propagated == 0)
+    assert out == reference
+    assert all(torch.equal(a, b) for a, b in zip(weights, reference_weights, strict=True))
+
+
 def test_stacked_forward_auto_stacks_on_cuda_up_to_its_token_budget():
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -148,21 +149,29 @@ def forget_quality(model_tr: Sequence[float] | np.ndarray, gold_tr: Sequence[flo
 _SCORER = None
 
 
+def rouge_l_scorer() -> Any:
+    """The process's one `rouge_score.RougeScorer(["rougeL"], use_stemmer=True)`, built on first use
+    (importing rouge_score pulls in nltk and scipy). OpenUnlearning builds the same in
+    `eval_text_similarity`; ROUGE-L recall and MUSE's F1 both read it."""
+    global _SCORER
+    if _SCORER is None:
+        from rouge_score import rouge_scorer
+
+        _SCORER = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    return _SCORER
+
+
 def rouge_l_recall_values(generations: Sequence[str], references: Sequence[str]) -> list[float]:
     """Per-row ROUGE-L recall of each generation against its reference answer.
 
     OpenUnlearning `evals/metrics/utils.py::eval_text_similarity`: `rouge_score.RougeScorer(["rouge1",
     "rougeL"], use_stemmer=True).score(ground_truth, generation)["rougeL"].recall` (reference first).
     """
-    global _SCORER
     if len(generations) != len(references):
         raise ValueError(f"{len(generations)} generations for {len(references)} references")
-    if _SCORER is None:
-        from rouge_score import rouge_scorer
-
-        _SCORER = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    scorer = rouge_l_scorer()
     pairs = zip(generations, references, strict=True)
-    return [float(_SCORER.score(ref, gen)["rougeL"].recall) for gen, ref in pairs]
+    return [float(scorer.score(ref, gen)["rougeL"].recall) for gen, ref in pairs]
 
 
 def rouge_l_recall(generations: Sequence[str], references: Sequence[str]) -> float:

@@ -44,9 +44,6 @@ KNOWMEM_MAX_NEW_TOKENS = 32  # OpenUnlearning *_knowmem_ROUGE.yaml generation_ar
 KNOWMEM_STOP: tuple[str, ...] = ("\n\n", "\nQuestion", "Question:")  # MUSE knowmem.py stop sequences
 MIN_K = 0.4  # MUSE privleak key `forget_holdout_Min-40%`; OpenUnlearning mia_min_k.yaml k: 0.4
 
-_F1_SCORER = None
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Pure functions (no model)
 # ---------------------------------------------------------------------------------------------------------
@@ -58,15 +55,11 @@ def rouge_l_f1_values(generations: Sequence[str], references: Sequence[str]) -> 
     OpenUnlearning `eval_text_similarity` (`rougeL_f1`): `RougeScorer(["rougeL"], use_stemmer=True)
     .score(reference, generation)["rougeL"].fmeasure`.
     """
-    global _F1_SCORER
     if len(generations) != len(references):
         raise ValueError(f"{len(generations)} generations for {len(references)} references")
-    if _F1_SCORER is None:
-        from rouge_score import rouge_scorer
-
-        _F1_SCORER = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    scorer = M.rouge_l_scorer()
     pairs = zip(generations, references, strict=True)
-    return [float(_F1_SCORER.score(ref, gen)["rougeL"].fmeasure) for gen, ref in pairs]
+    return [float(scorer.score(ref, gen)["rougeL"].fmeasure) for gen, ref in pairs]
 
 
 def mean_or_nan(values: Sequence[float]) -> float:

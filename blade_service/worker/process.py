@@ -60,13 +60,13 @@ def _preload(**_: Any) -> None:
         import blade_core.evaluation.request
         import blade_core.lora
         import blade_core.unlearn  # noqa: F401
-        from blade_core.evaluation.metrics import rouge_l_recall_values
+        from blade_core.evaluation.metrics import rouge_l_scorer
     except ImportError as exc:  # the [ml] extra is missing: tasks will fail with a readable error
         log.warning("worker.preload_failed", extra={"error": repr(exc)})
         return
     hf_logging.disable_progress_bar()  # a "Loading weights" bar per model load is no line of a JSON log
     # Builds the ROUGE scorer once: importing rouge_score (nltk, scipy) cost each child 1.5 s of a request.
-    rouge_l_recall_values(["warm"], ["warm"])
+    rouge_l_scorer()
     # What the preload built lives as long as the process: the collector's permanent generation keeps it out
     # of every later collection (a full one walked its ~0.5 M objects in 0.4 s, `free_accelerator` between
     # a request's evaluations included), and a forked child leaves its pages shared.
