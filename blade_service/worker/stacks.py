@@ -2,7 +2,8 @@
 
 - `gate_verdict` (called by `worker.unlearn_task.unlearn` once the candidate adapter is measured): the canary
   set (the base model's registered dataset, else the request's retain sample) before and after, the forget set
-  after, judged by `persistence.policy.evaluate`.
+  after, judged by `persistence.policy.evaluate`. The registered canary's and a retrain's earlier forget sets
+  (`gate_sets`) are measured in the request's two evaluations, on the models they load anyway.
 - `compact(operation_id=...)`: the active stack as one adapter (`blade_core.compaction`), exact or truncated
   to `rank`; verified against the stack on canary prompts (greedy generations identical, logits within
   `LOGIT_ATOL`) before `registry.create_compacted_version` swaps it in. A failed verification leaves the
@@ -83,26 +84,64 @@ def load_rows(storage: Storage, dataset: dict[str, str], dest: Path) -> list[dic
     return load_dataset_rows(path)[0]
 
 
+CANARY = "canary"  # the canary's key in `gate_sets`; the earlier forget sets go by dataset id
+
+
+def gate_sets(
+    *, storage: Storage, canary: dict[str, str] | None, earlier: list[dict[str, Any]], workdir: Path
+) -> dict[str, list[dict[str, Any]]]:
+    """The rows the gate measures on both sides of the candidate, by key: the registered canary dataset's
+    (`CANARY`) and each earlier forget set's that is not purged (its dataset id). The request's own two
+    evaluations measure them (`sets_metrics`), so the gate loads no model of its own."""
+    sets = {CANARY: load_rows(storage, canary, workdir / "canary")} if canary is not None else {}
+    for e in earlier:
+        if not e["purged"]:
+            sets[e["id"]] = load_rows(storage, e, workdir / "earlier")
+    return sets
+
+
+def sets_metrics(
+    model: Any, tokenizer: Any, sets: dict[str, list[dict]], settings: Settings
+) -> dict[str, dict]:
+    """Prob and ROUGE of a loaded model on each of `sets` (a seeded sample of CANARY_MAX_ROWS rows each)."""
+    from blade_core.evaluation.request import dataset_metrics
+    from blade_core.evaluation.tofu import json_ready, sample_rows
+
+    return {
+        key: json_ready(
+            dataset_metrics(
+                model,
+                tokenizer,
+                sample_rows(rows, CANARY_MAX_ROWS),
+                max_new_tokens=settings.eval_max_new_tokens,
+            )[0]
+        )
+        for key, rows in sets.items()
+    }
+
+
 def gate_verdict(
     *,
     settings: Settings,
-    storage: Storage,
     policy: dict[str, Any],
     canary: dict[str, str] | None,
-    workdir: Path,
     base_ref: str,
     stack_dirs: list[Path],
-    candidate_dir: Path,
+    sets: dict[str, list[dict[str, Any]]],
+    sets_before: dict[str, dict] | None,
+    sets_after: dict[str, dict],
     before: dict[str, Any],
     after: dict[str, Any],
     earlier: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The policy verdict on base + stack + candidate, measured against base + stack; with `earlier` (a
-    retrain's), also that those forget sets stay forgotten."""
+    retrain's), also that those forget sets stay forgotten. `sets_before` and `sets_after` are `sets_metrics`
+    of `sets` (`gate_sets`) on base + stack and on base + stack + candidate; `sets_before` is None when the
+    request's first evaluation ran in an earlier attempt, and is then measured here."""
+    if sets_before is None:
+        sets_before = _loaded_sets_metrics(base_ref, stack_dirs, sets, settings) if sets else {}
     if canary is not None:
-        rows = load_rows(storage, canary, workdir / "canary")
-        canary_before = _sets_metrics(base_ref, stack_dirs, [rows], settings)[0]
-        canary_after = _sets_metrics(base_ref, [*stack_dirs, candidate_dir], [rows], settings)[0]
+        canary_before, canary_after = sets_before[CANARY], sets_after[CANARY]
         source = f"dataset:{canary['id']}"
     else:
         canary_before, canary_after, source = before["retain"], after["retain"], "retain_sample"
@@ -116,7 +155,7 @@ def gate_verdict(
     )
     verdict["canary_metrics"] = {"before": canary_before, "after": canary_after}
     if earlier:
-        _check_earlier(verdict, settings, storage, workdir, base_ref, stack_dirs, candidate_dir, earlier)
+        _check_earlier(verdict, earlier, sets_before, sets_after)
     return verdict
 
 
@@ -134,38 +173,31 @@ def earlier_forgets(session: Any, adapter_ids: list[str]) -> list[dict[str, Any]
     return out
 
 
-def _sets_metrics(base_ref: str, dirs: list[Path], sets: list[list[dict]], settings: Settings) -> list[dict]:
-    """Prob and ROUGE of base + `dirs` on each of `sets` (a seeded sample of CANARY_MAX_ROWS rows each), the
-    model loaded once."""
-    from blade_core.evaluation.request import dataset_metrics
-    from blade_core.evaluation.tofu import json_ready, sample_rows
+def _loaded_sets_metrics(
+    base_ref: str, dirs: list[Path], sets: dict[str, list[dict]], settings: Settings
+) -> dict[str, dict]:
+    """`sets_metrics` of base + `dirs`, loaded for it."""
     from blade_core.lora import load_with_stack
 
     model, tokenizer = load_with_stack(base_ref, dirs, settings.device)
     try:
-        return [
-            json_ready(
-                dataset_metrics(
-                    model,
-                    tokenizer,
-                    sample_rows(r, CANARY_MAX_ROWS),
-                    max_new_tokens=settings.eval_max_new_tokens,
-                )[0]
-            )
-            for r in sets
-        ]
+        return sets_metrics(model, tokenizer, sets, settings)
     finally:
         del model
         free_accelerator()
 
 
-def _check_earlier(verdict, settings, storage, workdir, base_ref, stack_dirs, candidate_dir, earlier) -> None:
+def _check_earlier(
+    verdict: dict[str, Any],
+    earlier: list[dict[str, Any]],
+    sets_before: dict[str, dict],
+    sets_after: dict[str, dict],
+) -> None:
     """Rules `earlier_forget_kept:<dataset>`: the earlier forget sets stay forgotten with the candidate."""
-    usable = [e for e in earlier if not e["purged"]]
-    rows = [load_rows(storage, e, workdir / "earlier") for e in usable]
-    before = _sets_metrics(base_ref, stack_dirs, rows, settings) if rows else []
-    after = _sets_metrics(base_ref, [*stack_dirs, candidate_dir], rows, settings) if rows else []
-    for e, b, a in zip(usable, before, after, strict=True):
+    for e in earlier:
+        if e["purged"]:
+            continue
+        b, a = sets_before[e["id"]], sets_after[e["id"]]
         ok = (a["Prob"] or 0) <= (b["Prob"] or 0) + EARLIER_PROB_SLACK and (a["ROUGE"] or 0) <= (
             b["ROUGE"] or 0
         ) + EARLIER_ROUGE_SLACK

@@ -56,7 +56,7 @@ from blade_service.worker.errors import TaskFailure, classify
 from blade_service.worker.lease import LeaseKeeper
 from blade_service.worker.process import free_accelerator, worker_id
 from blade_service.worker.run_context import RunContext, load_context
-from blade_service.worker.stacks import base_reference, gate_verdict
+from blade_service.worker.stacks import base_reference, gate_sets, gate_verdict, sets_metrics
 from blade_service.worker.training import run_notes, train
 
 log = logging.getLogger("blade.worker")
@@ -165,6 +165,8 @@ def _run_request(ctx: RunContext, lease: LeaseKeeper) -> str:
         )[0]
         for kind, ds in ctx.probes.items()
     }
+    gated = gate_sets(storage=storage, canary=ctx.canary, earlier=ctx.earlier, workdir=ctx.workdir)
+    sets_before: dict[str, dict] | None = None  # known only when this attempt runs the first evaluation
 
     if ctx.status == RequestStatus.EVALUATING and storage.exists(staged):
         # A redelivery after training had finished: the adapter is already staged, don't train again.
@@ -173,7 +175,9 @@ def _run_request(ctx: RunContext, lease: LeaseKeeper) -> str:
         run_status = None
     else:
         if ctx.metrics_before is None:
-            before = _measure(base_ref, stack_dirs, forget_rows, retain_rows, settings, probes)
+            before, sets_before = _measure(
+                base_ref, stack_dirs, forget_rows, retain_rows, settings, probes, gated
+            )
             before["stack"] = [a["id"] for a in ctx.stack]
             ctx.write(jobs.set_run_info, metrics_before=before)
             ctx.metrics_before = before
@@ -192,19 +196,21 @@ def _run_request(ctx: RunContext, lease: LeaseKeeper) -> str:
         storage.put_dir(staged, out_dir)
         ctx.write(jobs.mark_evaluating, run_status=run_status)
 
-    after = _measure(base_ref, [*stack_dirs, out_dir], forget_rows, retain_rows, settings, probes)
+    after, sets_after = _measure(
+        base_ref, [*stack_dirs, out_dir], forget_rows, retain_rows, settings, probes, gated
+    )
     after["stack"] = [a["id"] for a in ctx.stack] + ["(this request)"]
     if warnings := _run_warnings(out_dir):  # e.g. forget Prob unchanged: shown with the metrics
         after["warnings"] = warnings
     verdict = gate_verdict(
         settings=settings,
-        storage=storage,
         policy=ctx.policy,
         canary=ctx.canary,
-        workdir=ctx.workdir,
         base_ref=base_ref,
         stack_dirs=stack_dirs,
-        candidate_dir=out_dir,
+        sets=gated,
+        sets_before=sets_before,
+        sets_after=sets_after,
         before=ctx.metrics_before or {},
         after=after,
         earlier=ctx.earlier,
@@ -278,23 +284,24 @@ def _measure(
     retain_rows: list[dict[str, Any]],
     settings: Settings,
     probes: dict[str, Sequence[dict[str, Any]]] | None = None,
-) -> dict[str, Any]:
-    """Forget/retain metrics of base + `adapter_dirs` on the request's data (+ MUSE's on text requests)."""
+    gated: dict[str, list[dict[str, Any]]] | None = None,
+) -> tuple[dict[str, Any], dict[str, dict]]:
+    """Forget/retain metrics of base + `adapter_dirs` on the request's data (+ MUSE's on text requests), and
+    the gate's `sets_metrics` of `gated` (`stacks.gate_sets`) on the same loaded model."""
     from blade_core.evaluation.request import request_metrics
     from blade_core.lora import load_with_stack
 
     model, tokenizer = load_with_stack(base_ref, adapter_dirs, settings.device)
     try:
-        return dict(
-            request_metrics(
-                model,
-                tokenizer,
-                forget_rows,
-                retain_rows,
-                probes=probes,
-                max_new_tokens=settings.eval_max_new_tokens,
-            )
+        metrics = request_metrics(
+            model,
+            tokenizer,
+            forget_rows,
+            retain_rows,
+            probes=probes,
+            max_new_tokens=settings.eval_max_new_tokens,
         )
+        return dict(metrics), sets_metrics(model, tokenizer, gated or {}, settings)
     finally:
         del model
         free_accelerator()
