@@ -190,7 +190,8 @@ def _timed(
 
 def _blade_work(args: argparse.Namespace, device: torch.device, tau: float | None) -> dict[str, float]:
     """BLADE's step at `tau` (None: the default). `deadzone_steps` counts the measured steps whose forget
-    micro-batches were all past the clamp (L_fgt = 0): `outer_step` back-propagates none of them."""
+    micro-batches were all past the clamp (L_fgt = 0): `outer_step` back-propagates none of them. Tokens/s
+    and model FLOPs count the step's rows as forward and backward either way, so compare seconds."""
     from blade_core import lora
     from blade_core.data import BatchStream
     from blade_core.methods import blade
