@@ -168,6 +168,8 @@ class _FusedLinearTokenLoss(torch.autograd.Function):
     In the spirit of Liger-Kernel's fused linear losses: the forward computes each chunk's logits from the
     final hidden states, its loss and its logit gradient, and folds that gradient straight into dL/dh (N, d)
     and, when the head is trainable, dL/dW (V, d); backward only rescales them by the incoming gradient.
+    Only the counted positions (w_i != 0) go through the head: every other position's loss and gradient are
+    exactly 0, and a QA batch's retain CE counts its answers alone (~40 % of its positions in our worlds).
     Also returns the weighted sum of token entropies (for monitoring; no gradient).
     """
 
@@ -188,26 +190,31 @@ class _FusedLinearTokenLoss(torch.autograd.Function):
         grad_h = torch.zeros_like(hidden2d) if want_h else None
         grad_w = torch.zeros(head.shape, dtype=torch.float32, device=head.device) if want_w else None
         want_grad = want_h or want_w
-        for start in range(0, hidden2d.shape[0], chunk):
-            sl = slice(start, start + chunk)
-            w = weights[sl]
-            if not bool((w != 0).any()):
-                continue  # nothing counted here (prompt or padding): no loss, no gradient
-            h = hidden2d[sl]
+        counted = torch.nonzero(weights, as_tuple=True)[0]  # the positions with a loss (not prompt, padding)
+        losses = torch.zeros_like(weights)  # w_i * loss_i of every position (N,), 0 where not counted
+        entropies = torch.zeros_like(weights)
+        for start in range(0, len(counted), chunk):
+            rows = counted[start : start + chunk]
+            w, h = weights[rows], hidden2d[rows]
             z = h @ head.T  # (n, V) in the model's dtype
             if kind == "entropy":
                 loss, g, entropy = _entropy_chunk(z, param, want_grad=want_grad)
-                entropy_sum += (entropy * w).sum()
+                entropies[rows] = entropy * w
             else:
-                loss, g = _cross_entropy_chunk(z, targets[sl], want_grad=want_grad)
-            total += (loss * w).sum()
+                loss, g = _cross_entropy_chunk(z, targets[rows], want_grad=want_grad)
+            losses[rows] = loss * w
             if g is None:  # not wanted, or every row in the deadzone: grad_h keeps its zeros
                 continue
             g = g.mul_(w[:, None])  # (n, V) fp32: dL/dz of this chunk
             if grad_h is not None:
-                grad_h[sl] = (g.to(head.dtype) @ head).to(grad_h.dtype)  # (n, d)
+                grad_h[rows] = (g.to(head.dtype) @ head).to(grad_h.dtype)  # (n, d)
             if grad_w is not None:
                 grad_w += g.T @ h.float()  # (V, d)
+        # Summed by chunks of positions, as `_ChunkedTokenLoss` sums: the same float additions in the same
+        # order whichever positions are counted.
+        for start in range(0, hidden2d.shape[0], chunk):
+            total += losses[start : start + chunk].sum()
+            entropy_sum += entropies[start : start + chunk].sum()
         ctx.save_for_backward(*(t for t in (grad_h, grad_w) if t is not None))
         ctx.has = (grad_h is not None, grad_w is not None)
         ctx.head_dtype = head.dtype

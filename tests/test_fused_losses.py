@@ -79,3 +79,21 @@ def test_fused_entropy_is_zero_gradient_in_the_deadzone():
     loss, entropy = fused_clamped_entropy_loss(h, head, mask, 0.9)
     loss.backward()
     assert float(loss.detach()) == 0.0 and entropy == pytest.approx(1.0) and float(h.grad.abs().sum()) == 0.0
+
+
+def _head_products(loss_fn, hidden, head) -> list[tuple[list[int], list[int]]]:
+    """The shapes of every matrix product the loss's forward and backward make (torch's profiler)."""
+    h = hidden.clone().requires_grad_(True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        loss_fn(h, head).backward()
+    return [(e.input_shapes[0], e.input_shapes[1]) for e in prof.events() if e.name == "aten::mm"]
+
+
+def test_only_counted_positions_go_through_the_head():
+    hidden, head, labels, _ = _inputs(4)
+    counted = int((labels[:, 1:] != IGNORE_INDEX).sum())  # position t predicts label t+1
+    assert counted < B * T - B  # prompt and padding positions exist
+    products = _head_products(lambda h, w: fused_token_cross_entropy(h, w, labels, chunk=64), hidden, head)
+    logits = [a for a, b in products if b == [D, V]]  # h W^T
+    grads = [a for a, b in products if b == [V, D]]  # dL/dz W
+    assert logits == [[counted, D]] and grads == [[counted, V]]
