@@ -192,12 +192,12 @@ class _FusedLinearTokenLoss(torch.autograd.Function):
         want_grad = want_h or want_w
         counted = torch.nonzero(weights, as_tuple=True)[0]  # the positions with a loss (not prompt, padding)
         losses = torch.zeros_like(weights)  # w_i * loss_i of every position (N,), 0 where not counted
-        entropies = torch.zeros_like(weights)
+        entropies = torch.zeros_like(weights) if kind == "entropy" else None  # w_i * H_i likewise
         for start in range(0, len(counted), chunk):
             rows = counted[start : start + chunk]
             w, h = weights[rows], hidden2d[rows]
             z = h @ head.T  # (n, V) in the model's dtype
-            if kind == "entropy":
+            if entropies is not None:
                 loss, g, entropy = _entropy_chunk(z, param, want_grad=want_grad)
                 entropies[rows] = entropy * w
             else:
@@ -214,7 +214,8 @@ class _FusedLinearTokenLoss(torch.autograd.Function):
         # order whichever positions are counted.
         for start in range(0, hidden2d.shape[0], chunk):
             total += losses[start : start + chunk].sum()
-            entropy_sum += entropies[start : start + chunk].sum()
+            if entropies is not None:
+                entropy_sum += entropies[start : start + chunk].sum()
         ctx.save_for_backward(*(t for t in (grad_h, grad_w) if t is not None))
         ctx.has = (grad_h is not None, grad_w is not None)
         ctx.head_dtype = head.dtype
