@@ -91,6 +91,73 @@ class Meter:
         }
 
 
+PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")  # torch's matrix-product kernels
+
+
+def _factors(name: str, shapes: list[list[int]]) -> tuple[list[int], list[int]]:
+    """The two factors' shapes of a matrix product from its recorded inputs (addmm's and baddbmm's first
+    input is the term added)."""
+    a, b = shapes[1:3] if name in ("aten::addmm", "aten::baddbmm") else shapes[:2]
+    return a, b
+
+
+def _product_flops(a: list[int], b: list[int]) -> int:
+    """2*M*K*N of (M, K) x (K, N), times the batch of a batched product."""
+    return 2 * a[-2] * a[-1] * b[-1] * (a[0] if len(a) == 3 else 1)
+
+
+def core_matmul_rate(n: int = 1024, reps: int = 10) -> float:
+    """FLOP/s of one fp32 n x n x n matrix product on this process's threads: what the core reaches on a
+    product large enough to hide memory traffic, the yardstick for a step's own products."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    for _ in range(3):
+        a @ b
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * n**3 * reps / (time.perf_counter() - t0)
+
+
+def profile_step(step: Callable[[], None], low_rank: int | None) -> dict[str, Any]:
+    """Where one step's CPU time goes, by torch's profiler (self time of each op): matrix products (those with
+    a dimension of `low_rank`, the LoRA adapters', apart), at what FLOP/s against `core_matmul_rate`;
+    attention's kernel; the optimiser's step; everything else (elementwise work, copies, autograd), with its
+    largest ops."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        step()
+    parts = dict.fromkeys(("products", "low_rank_products", "attention", "optimizer", "other"), 0.0)
+    flops, other_ops = 0, {}
+    for event in prof.events():
+        self_us = event.self_cpu_time_total
+        if event.name in PRODUCTS:
+            a, b = _factors(event.name, event.input_shapes)
+            flops += _product_flops(a, b)
+            parts["low_rank_products" if low_rank in (*a, *b) else "products"] += self_us
+            continue
+        parent, in_optimizer = event.cpu_parent, event.name.startswith("Optimizer.step#")
+        while parent is not None and not in_optimizer:
+            in_optimizer, parent = parent.name.startswith("Optimizer.step#"), parent.cpu_parent
+        if in_optimizer:
+            parts["optimizer"] += self_us
+        elif "scaled_dot_product" in event.name:
+            parts["attention"] += self_us
+        else:
+            parts["other"] += self_us
+            other_ops[event.name] = other_ops.get(event.name, 0.0) + self_us
+    total = sum(parts.values())
+    product_us = parts["products"] + parts["low_rank_products"]
+    top = sorted(other_ops.items(), key=lambda kv: -kv[1])[:4]
+    return {
+        "self_cpu_s": total / 1e6,
+        "shares": {name: us / total for name, us in parts.items()},
+        "product_flops_per_s": flops / (product_us / 1e6),
+        "core_matmul_flops_per_s": core_matmul_rate(),
+        "top_other": {name: us / total for name, us in top},
+    }
+
+
 # ------------------------------------------------------------------------------------------------ workloads
 
 
@@ -163,10 +230,12 @@ def _timed(
     trainable: int,
     tokens_per_step: int,
     flops_per_token: float,
-) -> dict[str, float]:
+    low_rank: int | None = None,
+) -> dict[str, Any]:
     """Memory from before the first step (so gradients and optimiser state count); time after one warm-up
     step; tokens/s counts every token a forward and backward pass went through; model FLOPs/s is tokens/s
-    times `flops_per_token` (forward + backward), and MFU that over the device's dense bf16 peak."""
+    times `flops_per_token` (forward + backward), and MFU that over the device's dense bf16 peak. With
+    `--profile`, one more step under torch's profiler (`profile_step`; `low_rank` the adapters' rank)."""
     meter = Meter(device)
     meter.start()
     step()  # warm-up: allocates gradients and the optimiser state
@@ -185,6 +254,8 @@ def _timed(
     peak = peak_flops(device)
     if peak is not None:
         result["mfu"] = result["model_tflops_per_s"] * 1e12 / peak
+    if args.profile:
+        result["profile"] = profile_step(step, low_rank)
     return result
 
 
@@ -226,8 +297,9 @@ def _blade_work(args: argparse.Namespace, device: torch.device, tau: float | Non
 
     rows_per_step = (cfg.inner_steps + 2) * cfg.grad_accum * args.batch  # K inner + forget + retain
     with recomputed_swiglu(model) if args.recompute_swiglu else contextlib.nullcontext():  # as the worker
-        result = _timed(step, args, device, sum(p.numel() for p in params), rows_per_step * args.seq, flops)
-    result["deadzone_steps"] = sum(deadzone[1:])  # the warm-up step is not measured
+        trainable = sum(p.numel() for p in params)
+        result = _timed(step, args, device, trainable, rows_per_step * args.seq, flops, low_rank=cfg.lora_r)
+    result["deadzone_steps"] = sum(deadzone[1 : 1 + args.steps])  # not the warm-up step nor a profiled one
     return result
 
 
@@ -320,7 +392,8 @@ def _outer_work(args: argparse.Namespace, device: torch.device, *, one_pass: boo
         total["loss"] = l_fgt.item() + l_ret.item()
 
     trainable = sum(p.numel() for p in params)
-    result: dict[str, Any] = _timed(step, args, device, trainable, b * (t_f + t_r), flops)
+    tokens = b * (t_f + t_r)
+    result: dict[str, Any] = _timed(step, args, device, trainable, tokens, flops, low_rank=cfg.lora_r)
     result["loss"] = total["loss"]
     result["grad_norms"] = [p.grad.double().norm().item() for p in params if p.grad is not None]
     return result
@@ -497,6 +570,19 @@ def protocol_costs(
     }
 
 
+def _profile_line(prof: dict[str, Any]) -> str:
+    shares, rate = prof["shares"], prof["product_flops_per_s"]
+    top = ", ".join(f"{name.removeprefix('aten::')} {100 * x:.1f}%" for name, x in prof["top_other"].items())
+    return (
+        f"matrix products {100 * (shares['products'] + shares['low_rank_products']):.0f}% "
+        f"(the adapters' low-rank ones {100 * shares['low_rank_products']:.0f}%) "
+        f"at {rate / 1e9:.0f} GFLOP/s, "
+        f"x{rate / prof['core_matmul_flops_per_s']:.2f} of a 1024^3 product's rate; "
+        f"attention {100 * shares['attention']:.0f}%; optimiser {100 * shares['optimizer']:.0f}%; "
+        f"the rest {100 * shares['other']:.0f}% ({top})"
+    )
+
+
 def _gaps_line(gaps: dict[str, Any]) -> str:
     (fgt, ret), grad = gaps["loss_gaps"], gaps["grad_gap"]
     return f"L_fgt {fgt:.1e}, L_ret {ret:.1e}, gradients {grad:.1e}"
@@ -622,6 +708,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="auto",
         help="BLADE's steps: one forward over a step's micro-batches, or one each (auto: stacked on CUDA)",
     )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="CPU: profile one more step of each method and print where its time goes (torch's profiler)",
+    )
     p.add_argument("--skip-steps", action="store_true", help="only the entropy comparison")
     p.add_argument("--skip-entropy", action="store_true", help="only the step comparison")
     p.add_argument(
@@ -639,6 +730,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     device = torch.device(args.device)
+    if args.profile and device.type != "cpu":
+        raise SystemExit("--profile reads CPU time; on CUDA the profiler's CPU side times kernel launches")
     if args.work:
         if device.type == "cpu":
             torch.set_num_threads(args.threads)
@@ -699,6 +792,10 @@ def main(argv: list[str] | None = None) -> int:
             )
 
         every, b, g = (_measure_one(n, passthrough, figures, step_line, save) for n in STEP_WORKS)
+        if args.profile:
+            print("  where one step's CPU time goes (self time by torch's profiler, one more step each):")
+            for label, r in (("BLADE, every token", every), ("BLADE, past clamp", b), ("GradDiff", g)):
+                print(f"    {label:<19} {_profile_line(r['profile'])}")
         for label, r in (("every forget token counting", every), ("past the clamp", b)):
             print(
                 f"  BLADE ({label}) / GradDiff: time per step x{r['seconds'] / g['seconds']:.2f} "
